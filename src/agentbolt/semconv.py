@@ -1,0 +1,53 @@
+"""Span names and attribute keys (``Final`` strings). OpenTelemetry ``gen_ai.*`` keys are reused where they exist.
+
+See https://opentelemetry.io/docs/specs/semconv/gen-ai/ for the ``gen_ai.*`` keys.
+"""
+
+from typing import Final
+
+# Span names
+SPAN_LLM_CALL: Final = "agentbolt.llm_call"
+"""An LLM call recorded by the gateway, with exact token ids."""
+SPAN_REWARD: Final = "agentbolt.reward"
+"""A reward emitted by the agent (``emit_reward``) or returned by it."""
+SPAN_EXCEPTION: Final = "agentbolt.exception"
+"""An exception raised by the agent."""
+
+# gen_ai.* keys (OpenTelemetry semantic conventions)
+GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
+GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
+GEN_AI_RESPONSE_ID: Final = "gen_ai.response.id"
+GEN_AI_RESPONSE_FINISH_REASON: Final = "gen_ai.response.finish_reasons"
+GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+GEN_AI_REQUEST_TEMPERATURE: Final = "gen_ai.request.temperature"
+
+# agentbolt.* keys on LLM spans
+LLM_PROMPT_TOKEN_IDS: Final = "agentbolt.llm.prompt_token_ids"
+"""list[int]: the exact prompt token ids the model was fed."""
+LLM_RESPONSE_TOKEN_IDS: Final = "agentbolt.llm.response_token_ids"
+"""list[int]: the exact token ids the model generated (stop token included)."""
+LLM_RESPONSE_LOGPROBS: Final = "agentbolt.llm.response_logprobs"
+"""list[float]: sampling logprob of each generated token."""
+LLM_REQUEST_MESSAGES: Final = "agentbolt.llm.request_messages"
+"""list[dict]: the chat messages of the request, as sent."""
+LLM_REQUEST_TOOLS: Final = "agentbolt.llm.request_tools"
+LLM_RESPONSE_TEXT: Final = "agentbolt.llm.response_text"
+"""str: the decoded generated text before tool-call parsing."""
+LLM_RESPONSE_MESSAGE: Final = "agentbolt.llm.response_message"
+"""dict: the OpenAI assistant message returned to the agent."""
+LLM_TRAINABLE: Final = "agentbolt.llm.trainable"
+"""bool: whether the call carries exact token ids and may become a training sample."""
+LLM_MODEL_VERSION: Final = "agentbolt.llm.model_version"
+"""str: the weights version that served the call (e.g. ``step-3``)."""
+LLM_ERROR: Final = "agentbolt.llm.error"
+
+# Reward spans
+REWARD_VALUE: Final = "agentbolt.reward.value"
+REWARD_NAME: Final = "agentbolt.reward.name"
+"""Optional name of a reward; the final reward is the last unnamed one."""
+
+# Exception spans
+EXCEPTION_TYPE: Final = "exception.type"
+EXCEPTION_MESSAGE: Final = "exception.message"
+EXCEPTION_STACKTRACE: Final = "exception.stacktrace"

@@ -1,0 +1,1 @@
+"""agentbolt.server.gateway."""

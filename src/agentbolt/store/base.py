@@ -1,0 +1,191 @@
+"""The ``LightningStore`` contract: the only place where the agent side and the training side meet.
+
+Every backend (``memory``, ``sqlite``, and the HTTP client in :mod:`agentbolt.client`) implements this Protocol and
+passes the same contract suite (``tests/contract``). All methods are coroutines. Timestamps are epoch seconds.
+
+Errors raised by every backend:
+    NotFoundError: an unknown rollout, attempt, resources or worker id.
+    InvalidTransitionError: an illegal status change (the message names the allowed ones).
+    ConflictError: a write to an attempt that is no longer the rollout's current, non-terminal attempt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel
+
+from agentbolt.types import (
+    Attempt,
+    AttemptedRollout,
+    AttemptStatus,
+    Metric,
+    Resource,
+    ResourcesUpdate,
+    Rollout,
+    RolloutConfig,
+    RolloutMode,
+    RolloutStatus,
+    Span,
+    Worker,
+)
+
+
+class StoreCapabilities(BaseModel):
+    """What a backend guarantees. ``durable``: an acknowledged write survives a process crash."""
+
+    durable: bool
+    shared_across_processes: bool
+
+
+class EnqueueRequest(BaseModel):
+    """One rollout to enqueue (the batch form takes a list of these)."""
+
+    input: Any
+    mode: RolloutMode = RolloutMode.TRAIN
+    resources_id: str | None = None
+    config: RolloutConfig | None = None
+    metadata: dict[str, Any] | None = None
+
+
+@runtime_checkable
+class LightningStore(Protocol):
+    """The store contract. See the module docstring for the errors every method may raise."""
+
+    capabilities: StoreCapabilities
+
+    async def enqueue_rollout(
+        self,
+        input: Any,
+        *,
+        mode: RolloutMode = RolloutMode.TRAIN,
+        resources_id: str | None = None,
+        config: RolloutConfig | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Rollout:
+        """Add a rollout in state ``queuing`` and return it with its new ``rollout_id``."""
+        ...
+
+    async def enqueue_many(self, requests: Sequence[EnqueueRequest]) -> list[Rollout]:
+        """Batch form of :meth:`enqueue_rollout`; all or nothing, order preserved."""
+        ...
+
+    async def claim_rollout(self, worker_id: str) -> AttemptedRollout | None:
+        """Lease the oldest ``queuing``/``requeuing`` rollout to ``worker_id``, creating a new attempt.
+
+        The rollout goes to ``preparing`` and the attempt starts in ``preparing``. Returns ``None`` if the queue is
+        empty. Each rollout is handed to exactly one claimer.
+        """
+        ...
+
+    async def update_attempt(
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        status: AttemptStatus,
+        *,
+        error: dict[str, Any] | None = None,
+        final_reward: float | None = None,
+    ) -> Attempt:
+        """Move an attempt to ``status`` and the rollout along with it.
+
+        ``running`` starts the rollout; ``succeeded`` ends it; ``failed``/``timeout``/``unresponsive`` ends it or
+        requeues it (while ``num_attempts < max_attempts`` and the status is in ``config.retry_on``).
+        Updates to a superseded attempt are stored on the attempt but do not move the rollout.
+
+        Raises:
+            InvalidTransitionError: illegal attempt transition.
+        """
+        ...
+
+    async def cancel_rollout(self, rollout_id: str) -> Rollout:
+        """Cancel a non-terminal rollout. Raises InvalidTransitionError if it is already terminal."""
+        ...
+
+    async def get_rollout(self, rollout_id: str) -> Rollout:
+        """Return one rollout. Raises NotFoundError."""
+        ...
+
+    async def query_rollouts(
+        self,
+        *,
+        status: Sequence[RolloutStatus] | None = None,
+        mode: RolloutMode | None = None,
+        rollout_ids: Sequence[str] | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[Rollout]:
+        """Rollouts matching every given filter, in enqueue order."""
+        ...
+
+    async def get_attempt(self, rollout_id: str, attempt_id: str) -> Attempt:
+        """Return one attempt. Raises NotFoundError."""
+        ...
+
+    async def query_attempts(self, rollout_id: str) -> list[Attempt]:
+        """All attempts of a rollout, by ``sequence_id``. Raises NotFoundError for an unknown rollout."""
+        ...
+
+    async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout_s: float | None = None) -> list[Rollout]:
+        """Block until every listed rollout is terminal or ``timeout_s`` passes (``None``: no limit).
+
+        Returns the rollouts that are terminal at return time, in the order asked.
+        """
+        ...
+
+    async def add_span(self, span: Span) -> Span:
+        """Store a span, assigning the next ``sequence_id`` of its attempt. Counts as a heartbeat.
+
+        Raises:
+            NotFoundError: unknown rollout or attempt.
+        """
+        ...
+
+    async def add_spans(self, spans: Sequence[Span]) -> list[Span]:
+        """Batch form of :meth:`add_span`; all or nothing, order preserved."""
+        ...
+
+    async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
+        """Spans of one attempt (or of the rollout's latest attempt if ``attempt_id`` is None), by sequence_id."""
+        ...
+
+    async def add_resources(
+        self, resources: dict[str, Resource], *, metadata: dict[str, Any] | None = None
+    ) -> ResourcesUpdate:
+        """Store a new immutable resources version and make it the latest."""
+        ...
+
+    async def get_resources(self, resources_id: str | None = None) -> ResourcesUpdate | None:
+        """One version, or the latest when ``resources_id`` is None (``None`` if none exists yet).
+
+        Raises:
+            NotFoundError: an explicit ``resources_id`` that does not exist.
+        """
+        ...
+
+    async def query_resources(self) -> list[ResourcesUpdate]:
+        """Every resources version, oldest first."""
+        ...
+
+    async def heartbeat(
+        self, worker_id: str, *, rollout_id: str | None = None, attempt_id: str | None = None
+    ) -> Worker:
+        """Register or refresh a worker; with an attempt, also refresh that attempt's heartbeat."""
+        ...
+
+    async def query_workers(self) -> list[Worker]:
+        """Every known worker."""
+        ...
+
+    async def add_metrics(self, metrics: Sequence[Metric]) -> None:
+        """Append training-curve points."""
+        ...
+
+    async def query_metrics(self, name: str | None = None) -> list[Metric]:
+        """Points of one curve (or all), by ``train_step`` then insertion."""
+        ...
+
+    async def close(self) -> None:
+        """Release files, connections and background tasks."""
+        ...
