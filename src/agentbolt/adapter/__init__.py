@@ -1,1 +1,5 @@
-"""agentbolt.adapter."""
+"""agentbolt.adapter: spans -> trajectories -> training samples. Pure functions, no I/O."""
+
+from agentbolt.adapter.trajectory import build_trajectory
+
+__all__ = ["build_trajectory"]

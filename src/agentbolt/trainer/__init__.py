@@ -1,1 +1,1 @@
-"""agentbolt.trainer."""
+"""The training loop (imports the algorithms; training side only)."""

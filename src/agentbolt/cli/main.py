@@ -1,0 +1,96 @@
+"""The ``agentbolt`` command line (Typer). Each command parses options into a config object and calls one function;
+heavy modules are imported inside the commands so ``agentbolt --help`` stays fast."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from agentbolt.errors import AgentboltError
+
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="agentbolt: train any LLM agent from its own executions."
+)
+console = Console()
+
+
+def _fail(exc: Exception) -> None:
+    console.print(f"[bold red]error:[/] {exc}")
+    raise typer.Exit(code=2)
+
+
+@app.command()
+def serve(
+    store: str = typer.Option("sqlite:///agentbolt.db", help="store URL: memory:// or sqlite:///path.db"),
+    host: str = typer.Option("127.0.0.1", help="address to listen on"),
+    port: int = typer.Option(8765, help="TCP port (0 = any free port)"),
+    model: str | None = typer.Option(
+        None, help="serve an embedded model behind the gateway (qwen2.5-0.5b, smollm2-135m)"
+    ),
+    token: str | None = typer.Option(None, envvar="AGENTBOLT_TOKEN", help="require 'Authorization: Bearer TOKEN'"),
+) -> None:
+    """Run the store API and the LLM gateway."""
+    from agentbolt.server.app import create_app
+    from agentbolt.server.serving import serve_in_background
+    from agentbolt.store import build_store
+
+    async def main() -> None:
+        backend = None
+        if model is not None:
+            from agentbolt.inference.embedded import EmbeddedBackend
+            from agentbolt.inference.model_files import prepare_model
+
+            backend = EmbeddedBackend.load(prepare_model(model))
+        st = build_store(store)
+        try:
+            async with serve_in_background(create_app(st, backend, token=token), host, port) as url:
+                console.print(f"agentbolt serving on {url} (store {store}); Ctrl-C to stop")
+                await asyncio.Event().wait()
+        finally:
+            await st.close()
+            if backend is not None:
+                await backend.close()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
+    except AgentboltError as exc:
+        _fail(exc)
+
+
+@app.command()
+def demo(
+    steps: int = typer.Option(6, help="GRPO steps"),
+    out: Path = typer.Option(Path("runs/demo"), help="output directory"),
+    model: str = typer.Option("qwen2.5-0.5b", help="embedded model: qwen2.5-0.5b or smollm2-135m"),
+    tasks_per_step: int = typer.Option(4, help="distinct tasks per step"),
+    group_size: int = typer.Option(4, help="rollouts per task (GRPO group)"),
+    val_size: int = typer.Option(16, help="tasks per validation set"),
+    overwrite: bool = typer.Option(False, help="replace an existing OUT/store.db"),
+    seed: int = typer.Option(0, help="task sampling seed"),
+) -> None:
+    """Train the calculator agent with GRPO on this machine and report validation accuracy before and after."""
+    from agentbolt.config import GRPOConfig
+    from agentbolt.trainer.demo import DemoConfig, run_demo
+
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        config = DemoConfig(
+            out_dir=out,
+            model=model,
+            grpo=GRPOConfig(steps=steps, tasks_per_step=tasks_per_step, group_size=group_size, seed=seed),
+            val_size=val_size,
+            overwrite=overwrite,
+        )
+        asyncio.run(run_demo(config, console))
+    except AgentboltError as exc:
+        _fail(exc)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,52 @@
+"""Frozen, YAML-friendly configuration objects. They hold no live handles; runtime objects are built from them."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from agentbolt.errors import ConfigError
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class GRPOConfig(_Config):
+    """One GRPO training run (LightningRL with broadcast credit; Luo et al. 2025, arXiv:2508.03680).
+
+    Attributes:
+        steps: optimizer steps (one per batch of rollouts).
+        tasks_per_step: distinct tasks sampled per step.
+        group_size: rollouts per task (the GRPO group, ``n``); must be >= 2 for a non-zero advantage.
+        temperature: sampling temperature of training rollouts (the trainer's logprobs use the same one).
+        max_tokens: per-call generation limit handed to the agent through the LLM resource.
+        eval_temperature: temperature of validation rollouts (0 = greedy).
+        credit_assignment: name in :data:`agentbolt.algorithms.rl.credit.CREDIT_ASSIGNMENT`.
+        advantage_estimator: name in :data:`agentbolt.algorithms.rl.advantages.ADVANTAGE_ESTIMATORS`.
+        rollout_timeout_s: lease of one attempt; an attempt running longer is marked ``timeout``.
+        max_attempts: tries per rollout (retries only on timeout/unresponsive).
+        accuracy_reward_name: the named reward that evaluation reads as accuracy (0 or 1).
+        seed: shuffles the training tasks.
+    """
+
+    steps: int = Field(default=4, ge=0)
+    tasks_per_step: int = Field(default=4, ge=1)
+    group_size: int = Field(default=4, ge=1)
+    temperature: float = Field(default=1.0, gt=0)
+    max_tokens: int = Field(default=160, ge=1)
+    eval_temperature: float = Field(default=0.0, ge=0)
+    credit_assignment: str = "broadcast"
+    advantage_estimator: str = "grpo"
+    rollout_timeout_s: float = Field(default=600.0, gt=0)
+    max_attempts: int = Field(default=2, ge=1)
+    accuracy_reward_name: str = "correct"
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> GRPOConfig:
+        if self.steps > 0 and self.group_size < 2:
+            raise ConfigError(
+                f"group_size={self.group_size}: GRPO normalizes rewards within a group, so a group of 1 always gets "
+                "advantage 0 and nothing is learned; set group_size >= 2"
+            )
+        return self

@@ -1,0 +1,107 @@
+"""Local runner processes: each one imports the agent by reference and serves rollouts over HTTP.
+
+The agent is given as ``"package.module:attribute"`` so that a fresh (spawned) process can import it; the process
+talks to the server only through :class:`~agentbolt.client.HttpLightningStore` and the gateway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import multiprocessing as mp
+import sys
+from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
+from multiprocessing.synchronize import Event as MpEvent
+
+from agentbolt.errors import ConfigError
+from agentbolt.runner.agent import FunctionAgent, LitAgent
+
+logger = logging.getLogger(__name__)
+
+
+def load_agent(reference: str) -> LitAgent:
+    """Import ``"module:attribute"`` and return it as a :class:`LitAgent`.
+
+    Raises:
+        ConfigError: malformed reference, missing module or attribute, or an object that is not an agent.
+    """
+    module_name, _, attr = reference.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"agent reference must look like 'package.module:attribute', got {reference!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import agent module {module_name!r}: {exc}") from exc
+    obj = getattr(module, attr, None)
+    if obj is None:
+        raise ConfigError(f"module {module_name!r} has no attribute {attr!r}")
+    if isinstance(obj, type) and issubclass(obj, LitAgent):
+        obj = obj()
+    if isinstance(obj, LitAgent):
+        return obj
+    if callable(obj):
+        return FunctionAgent(obj)
+    raise ConfigError(f"{reference!r} is neither a LitAgent nor a function")
+
+
+def _runner_main(
+    agent_ref: str, store_url: str, token: str | None, worker_id: str, concurrency: int, stop: MpEvent, path: list[str]
+) -> None:
+    for entry in path:
+        if entry not in sys.path:
+            sys.path.append(entry)
+    logging.basicConfig(level=logging.WARNING)
+    from agentbolt.client import HttpLightningStore
+    from agentbolt.runner.worker import Runner
+
+    async def main() -> None:
+        store = HttpLightningStore(store_url, token=token)
+        runner = Runner(load_agent(agent_ref), store, worker_id=worker_id, concurrency=concurrency)
+        try:
+            await runner.run(stop=stop.is_set)
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+
+
+@dataclass
+class RunnerPool:
+    """Runner processes started by :func:`start_runner_processes`; :meth:`stop` ends them (waits, then kills)."""
+
+    processes: list[BaseProcess]
+    stop_event: MpEvent
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self.stop_event.set()
+        for proc in self.processes:
+            proc.join(timeout_s)
+            if proc.is_alive():
+                logger.warning("runner %s did not stop in %.0f s; terminating", proc.name, timeout_s)
+                proc.terminate()
+                proc.join(2.0)
+
+    def alive(self) -> int:
+        return sum(p.is_alive() for p in self.processes)
+
+
+def start_runner_processes(
+    agent_ref: str, store_url: str, *, n_processes: int = 2, concurrency: int = 4, token: str | None = None
+) -> RunnerPool:
+    """Start ``n_processes`` spawned runner processes, each running ``concurrency`` rollouts at once."""
+    load_agent(agent_ref)  # fail here, with a clear error, rather than in every child
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event()
+    procs = []
+    for i in range(n_processes):
+        proc = ctx.Process(
+            target=_runner_main,
+            args=(agent_ref, store_url, token, f"runner-{i}", concurrency, stop, list(sys.path)),
+            name=f"agentbolt-runner-{i}",
+            daemon=True,
+        )
+        proc.start()
+        procs.append(proc)
+    return RunnerPool(procs, stop)

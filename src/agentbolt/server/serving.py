@@ -1,0 +1,53 @@
+"""Run the FastAPI app with uvicorn inside the caller's event loop, on a loopback port (0 = any free port)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import socket
+from collections.abc import AsyncIterator
+
+import uvicorn
+from fastapi import FastAPI
+
+from agentbolt.errors import ConfigError
+
+
+def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """Bind a listening TCP socket. Raises ConfigError with a clear message when the port is taken."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(
+                f"port {port} on {host} is already in use; pick another with --port or stop the other server"
+            ) from exc
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc}") from exc
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+@contextlib.asynccontextmanager
+async def serve_in_background(app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
+    """Serve ``app`` while the ``async with`` block runs; yields the base URL (``http://host:port``)."""
+    sock = bind_socket(host, port)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30)
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.02)
+    bound_port = sock.getsockname()[1]
+    try:
+        yield f"http://{host}:{bound_port}"
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, timeout=10)
+        sock.close()

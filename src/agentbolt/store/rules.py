@@ -1,0 +1,268 @@
+"""The store's business rules as pure functions on the record models, shared by every backend.
+
+A backend loads the records it needs, calls one of these functions and writes back what it returns, all inside one
+transaction (or one uninterrupted stretch of code on the event loop, for the memory backend). The functions never
+mutate their arguments; they return updated copies. Status moves go through :mod:`agentbolt.store.lifecycle`.
+
+Rules (DESIGN.md, "The store"):
+    - a claim creates a new attempt (``preparing``) and moves the rollout to ``preparing``;
+    - an attempt ending ``failed``/``timeout``/``unresponsive`` requeues its rollout while
+      ``num_attempts < max_attempts`` and the status is in ``config.retry_on``; otherwise the rollout fails;
+    - updates to a superseded attempt (not the rollout's latest) are kept on the attempt and never move the rollout;
+    - a lease expires: ``timeout_seconds`` after the attempt's start, or ``unresponsive_seconds`` after its last
+      heartbeat (or span, or its start when it never sent one);
+    - cancelling a rollout ends its in-flight attempt as ``failed`` with ``error.type == "cancelled"``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Final
+
+from agentbolt.errors import ConfigError, InvalidTransitionError
+from agentbolt.store.lifecycle import (
+    ATTEMPT_EVENT_FOR_STATUS,
+    ROLLOUT_TRANSITIONS,
+    RolloutEvent,
+    attempt_transition,
+    rollout_transition,
+)
+from agentbolt.types import (
+    TERMINAL_ATTEMPT_STATUSES,
+    TERMINAL_ROLLOUT_STATUSES,
+    Attempt,
+    AttemptedRollout,
+    AttemptStatus,
+    Rollout,
+    RolloutConfig,
+    RolloutStatus,
+    Worker,
+)
+
+CLAIMABLE_ROLLOUT_STATUSES: Final[frozenset[RolloutStatus]] = frozenset(
+    state for (state, event) in ROLLOUT_TRANSITIONS if event == RolloutEvent.CLAIM
+)
+"""Rollout states a claim may take (derived from the lifecycle table: ``queuing``, ``requeuing``)."""
+
+ACTIVE_ATTEMPT_STATUSES: Final[frozenset[AttemptStatus]] = frozenset(AttemptStatus) - TERMINAL_ATTEMPT_STATUSES
+"""Attempt states that hold a lease (``preparing``, ``running``)."""
+
+WORKER_IDLE: Final = "idle"
+WORKER_BUSY: Final = "busy"
+
+CANCELLED_ERROR_TYPE: Final = "cancelled"
+
+
+def new_rollout_id() -> str:
+    """A fresh rollout id, ``ro-`` and 12 hex characters."""
+    return f"ro-{uuid.uuid4().hex[:12]}"
+
+
+def new_attempt_id() -> str:
+    """A fresh attempt id, ``at-`` and 12 hex characters."""
+    return f"at-{uuid.uuid4().hex[:12]}"
+
+
+def resources_id_for(version: int) -> str:
+    """The id of resources version ``version`` (1, 2, ...): ``rs-<version>``."""
+    return f"rs-{version}"
+
+
+def check_page(limit: int | None, offset: int) -> None:
+    """Raise ConfigError for a negative ``limit`` or ``offset``."""
+    if limit is not None and limit < 0:
+        raise ConfigError(f"limit must be >= 0 or None, got {limit}")
+    if offset < 0:
+        raise ConfigError(f"offset must be >= 0, got {offset}")
+
+
+def is_terminal(rollout: Rollout) -> bool:
+    """Whether the rollout is ``succeeded``, ``failed`` or ``cancelled`` (it never changes again)."""
+    return rollout.status in TERMINAL_ROLLOUT_STATUSES
+
+
+def claim(rollout: Rollout, *, worker_id: str, resources_id: str | None, now: float) -> tuple[Rollout, Attempt]:
+    """Lease ``rollout`` to ``worker_id``: a new ``preparing`` attempt numbered ``num_attempts + 1``.
+
+    ``resources_id`` is the version handed to the attempt (the rollout's own, or the latest at claim time).
+
+    Raises:
+        InvalidTransitionError: the rollout is not ``queuing``/``requeuing``.
+    """
+    status = rollout_transition(rollout.status, RolloutEvent.CLAIM)
+    sequence_id = rollout.num_attempts + 1
+    attempt = Attempt(
+        rollout_id=rollout.rollout_id,
+        attempt_id=new_attempt_id(),
+        sequence_id=sequence_id,
+        status=AttemptStatus.PREPARING,
+        worker_id=worker_id,
+        resources_id=resources_id,
+        start_time=now,
+    )
+    updated = rollout.model_copy(
+        update={
+            "status": status,
+            "num_attempts": sequence_id,
+            "start_time": rollout.start_time if rollout.start_time is not None else now,
+        }
+    )
+    return updated, attempt
+
+
+def attempted(rollout: Rollout, attempt: Attempt) -> AttemptedRollout:
+    """Pair a rollout with its attempt (the claim result)."""
+    return AttemptedRollout(rollout=rollout, attempt=attempt)
+
+
+def rollout_event_for(rollout: Rollout, attempt_status: AttemptStatus) -> RolloutEvent:
+    """The rollout event caused by its latest attempt moving to ``attempt_status``.
+
+    ``running`` starts the rollout, ``succeeded`` ends it, and any other end retries or fails it (see module rules).
+    """
+    if attempt_status == AttemptStatus.RUNNING:
+        return RolloutEvent.START
+    if attempt_status == AttemptStatus.SUCCEEDED:
+        return RolloutEvent.SUCCEED
+    config = rollout.config
+    if attempt_status in config.retry_on and rollout.num_attempts < config.max_attempts:
+        return RolloutEvent.RETRY
+    return RolloutEvent.FAIL
+
+
+def update_attempt(
+    rollout: Rollout,
+    attempt: Attempt,
+    status: AttemptStatus,
+    *,
+    is_latest: bool,
+    now: float,
+    error: dict[str, Any] | None = None,
+    final_reward: float | None = None,
+) -> tuple[Rollout, Attempt]:
+    """Move ``attempt`` to ``status``; move ``rollout`` too when the attempt is its latest.
+
+    The attempt's ``last_heartbeat_time`` is refreshed; a terminal status sets its ``end_time``; ``error`` (when
+    given) is stored on the attempt. ``final_reward`` is stored on the rollout when the latest attempt succeeds.
+
+    Raises:
+        ConfigError: ``final_reward`` given with a status other than ``succeeded``.
+        InvalidTransitionError: the attempt (or its rollout) cannot make that move; the message names the allowed
+            ones.
+    """
+    if final_reward is not None and status != AttemptStatus.SUCCEEDED:
+        raise ConfigError(
+            f"final_reward is only accepted with status 'succeeded', got status '{status.value}'; "
+            "report the reward with emit_reward instead, or drop it"
+        )
+    event = ATTEMPT_EVENT_FOR_STATUS.get(status)
+    label = f"attempt {attempt.attempt_id} of rollout {rollout.rollout_id}"
+    if event is None:
+        allowed = ", ".join(s.value for s in ATTEMPT_EVENT_FOR_STATUS)
+        raise InvalidTransitionError(f"{label}: cannot be moved to '{status.value}'; allowed targets: {allowed}")
+    try:
+        new_status = attempt_transition(attempt.status, event)
+    except InvalidTransitionError as exc:
+        raise InvalidTransitionError(f"{label}: {exc}") from None
+    terminal = new_status in TERMINAL_ATTEMPT_STATUSES
+    new_attempt = attempt.model_copy(
+        update={
+            "status": new_status,
+            "end_time": now if terminal else attempt.end_time,
+            "last_heartbeat_time": now,
+            "error": error if error is not None else attempt.error,
+        }
+    )
+    if not is_latest:
+        return rollout, new_attempt
+    rollout_event = rollout_event_for(rollout, new_status)
+    try:
+        new_rollout_status = rollout_transition(rollout.status, rollout_event)
+    except InvalidTransitionError as exc:
+        raise InvalidTransitionError(f"rollout {rollout.rollout_id}: {exc}") from None
+    changes: dict[str, Any] = {"status": new_rollout_status}
+    if new_rollout_status in TERMINAL_ROLLOUT_STATUSES:
+        changes["end_time"] = now
+    if new_rollout_status == RolloutStatus.SUCCEEDED and final_reward is not None:
+        changes["final_reward"] = float(final_reward)
+    return rollout.model_copy(update=changes), new_attempt
+
+
+def cancel(rollout: Rollout, latest: Attempt | None, *, now: float) -> tuple[Rollout, Attempt | None]:
+    """Cancel ``rollout``; its in-flight latest attempt (if any) ends ``failed`` with ``error.type == "cancelled"``.
+
+    Returns the rollout and the changed attempt (``None`` when no attempt changed).
+
+    Raises:
+        InvalidTransitionError: the rollout is already terminal.
+    """
+    try:
+        status = rollout_transition(rollout.status, RolloutEvent.CANCEL)
+    except InvalidTransitionError as exc:
+        raise InvalidTransitionError(f"rollout {rollout.rollout_id}: {exc}") from None
+    new_rollout = rollout.model_copy(update={"status": status, "end_time": now})
+    if latest is None or latest.status not in ACTIVE_ATTEMPT_STATUSES:
+        return new_rollout, None
+    _, ended = update_attempt(
+        rollout,
+        latest,
+        AttemptStatus.FAILED,
+        is_latest=False,
+        now=now,
+        error={"type": CANCELLED_ERROR_TYPE, "message": f"rollout {rollout.rollout_id} was cancelled"},
+    )
+    return new_rollout, ended
+
+
+def expired_status(config: RolloutConfig, attempt: Attempt, now: float) -> AttemptStatus | None:
+    """``timeout`` or ``unresponsive`` if the attempt's lease has run out at ``now``, else ``None``.
+
+    Timeout wins when both apply. Terminal attempts never expire.
+    """
+    if attempt.status not in ACTIVE_ATTEMPT_STATUSES:
+        return None
+    if config.timeout_seconds is not None and now - attempt.start_time >= config.timeout_seconds:
+        return AttemptStatus.TIMEOUT
+    if config.unresponsive_seconds is not None:
+        last = attempt.last_heartbeat_time if attempt.last_heartbeat_time is not None else attempt.start_time
+        if now - last >= config.unresponsive_seconds:
+            return AttemptStatus.UNRESPONSIVE
+    return None
+
+
+def expire(rollout: Rollout, attempt: Attempt, *, is_latest: bool, now: float) -> tuple[Rollout, Attempt] | None:
+    """End an attempt whose lease ran out (see :func:`expired_status`); ``None`` when it has not.
+
+    The rollout is requeued or failed by the same rule as :func:`update_attempt`.
+    """
+    status = expired_status(rollout.config, attempt, now)
+    if status is None:
+        return None
+    if is_terminal(rollout):
+        is_latest = False
+    error = {"type": status.value, "message": f"lease of attempt {attempt.attempt_id} expired ({status.value})"}
+    return update_attempt(rollout, attempt, status, is_latest=is_latest, now=now, error=error)
+
+
+def refresh_attempt(attempt: Attempt, now: float) -> Attempt:
+    """The attempt with its heartbeat set to ``now`` (unchanged when it is terminal)."""
+    if attempt.status not in ACTIVE_ATTEMPT_STATUSES:
+        return attempt
+    return attempt.model_copy(update={"last_heartbeat_time": now})
+
+
+def worker_heartbeat(worker: Worker | None, worker_id: str, *, now: float, attempt: Attempt | None = None) -> Worker:
+    """Register or refresh a worker; with an active ``attempt``, mark the worker busy with it."""
+    if worker is None:
+        worker = Worker(worker_id=worker_id, last_heartbeat_time=now)
+    changes: dict[str, Any] = {"last_heartbeat_time": now}
+    if attempt is not None and attempt.status in ACTIVE_ATTEMPT_STATUSES:
+        changes.update(status=WORKER_BUSY, current_rollout_id=attempt.rollout_id, current_attempt_id=attempt.attempt_id)
+    return worker.model_copy(update=changes)
+
+
+def worker_after_attempt(worker: Worker, attempt: Attempt) -> Worker:
+    """The worker freed (``idle``) if ``attempt`` is its current one and has ended; else unchanged."""
+    if worker.current_attempt_id != attempt.attempt_id or attempt.status in ACTIVE_ATTEMPT_STATUSES:
+        return worker
+    return worker.model_copy(update={"status": WORKER_IDLE, "current_rollout_id": None, "current_attempt_id": None})

@@ -1,0 +1,84 @@
+"""Request bodies of the HTTP API (``/v1``), shared by the server and the HTTP client so both agree on the wire."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentbolt.types.core import AttemptStatus, Metric, RolloutConfig, RolloutMode
+from agentbolt.types.resources import Resource
+from agentbolt.types.spans import Span
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EnqueueBody(_Body):
+    """``POST /v1/rollouts``: one rollout to enqueue."""
+
+    input: Any
+    mode: RolloutMode = RolloutMode.TRAIN
+    resources_id: str | None = None
+    config: RolloutConfig | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class EnqueueManyBody(_Body):
+    """``POST /v1/rollouts/batch``."""
+
+    requests: list[EnqueueBody] = Field(min_length=1)
+
+
+class ClaimBody(_Body):
+    """``POST /v1/claims``: lease the next queued rollout to ``worker_id``."""
+
+    worker_id: str = Field(min_length=1)
+
+
+class AttemptStatusBody(_Body):
+    """``POST /v1/rollouts/{rollout_id}/attempts/{attempt_id}/status``."""
+
+    status: AttemptStatus
+    error: dict[str, Any] | None = None
+    final_reward: float | None = None
+
+
+class WaitBody(_Body):
+    """``POST /v1/rollouts/wait``: long-poll until the rollouts are terminal or ``timeout_s`` passes."""
+
+    rollout_ids: list[str]
+    timeout_s: float = Field(default=10.0, ge=0, le=60)
+
+
+class SpansBody(_Body):
+    """``POST /v1/spans/batch``."""
+
+    spans: list[Span] = Field(min_length=1)
+
+
+class ResourcesBody(_Body):
+    """``POST /v1/resources``: a new immutable resources version."""
+
+    resources: dict[str, Resource]
+    metadata: dict[str, Any] | None = None
+
+
+class HeartbeatBody(_Body):
+    """``POST /v1/workers/{worker_id}/heartbeat``."""
+
+    rollout_id: str | None = None
+    attempt_id: str | None = None
+
+
+class MetricsBody(_Body):
+    """``POST /v1/metrics``."""
+
+    metrics: list[Metric]
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx/5xx answer: ``{"error": {"type": <exception class>, "message": <what to do>}}``."""
+
+    error: dict[str, str]
