@@ -51,3 +51,4 @@ ERRORS_BY_NAME: dict[str, type[AgentboltError]] = {
     cls.__name__: cls
     for cls in (AgentboltError, NotFoundError, ConflictError, InvalidTransitionError, ConfigError, BackendError)
 }
+ERRORS_BY_NAME["ValidationError"] = ConfigError  # the server's request-validation answers (422)

@@ -134,6 +134,8 @@ class HttpLightningStore:
         limit: int | None = None,
         offset: int = 0,
     ) -> list[Rollout]:
+        if (status is not None and len(status) == 0) or (rollout_ids is not None and len(rollout_ids) == 0):
+            return []  # an empty filter matches nothing; a query string cannot say "empty list"
         params: list[tuple[str, str | int]] = [("offset", offset)]
         params += [("status", s.value) for s in status or ()]
         params += [("rollout_id", r) for r in rollout_ids or ()]
@@ -164,6 +166,8 @@ class HttpLightningStore:
         return Span.model_validate(await self._request("POST", "/v1/spans", json=self._dump(span)))
 
     async def add_spans(self, spans: Sequence[Span]) -> list[Span]:
+        if not spans:
+            return []
         body = {"spans": [self._dump(s) for s in spans]}
         return _SPANS.validate_python(await self._request("POST", "/v1/spans/batch", json=body))
 

@@ -39,8 +39,11 @@ class RunnerStats:
 
 @dataclass
 class _Slot:
+    """One concurrent rollout: its attempt, and its spans waiting to be written in emission order."""
+
     attempt: tuple[str, str] | None = None
-    pending: set[asyncio.Future[Any]] = field(default_factory=set)
+    buffer: list[Span] = field(default_factory=list)
+    writer: asyncio.Task[None] | None = None
 
 
 def final_reward_of(ctx: AttemptContext, returned: Any) -> float | None:
@@ -141,11 +144,12 @@ class Runner:
         slot.attempt = (rollout.rollout_id, attempt.attempt_id)
 
         def sink(span: Span) -> None:
-            # Called from the agent's thread or the loop: schedule the write and return at once.
+            # Called from the agent's thread or the loop: queue the span and return at once. One writer task per
+            # slot sends queued spans in batches, in emission order, so the store numbers them in that order.
             def schedule() -> None:
-                fut = asyncio.ensure_future(self._write_span(span))
-                slot.pending.add(fut)
-                fut.add_done_callback(slot.pending.discard)
+                slot.buffer.append(span)
+                if slot.writer is None or slot.writer.done():
+                    slot.writer = asyncio.ensure_future(self._flush(slot))
 
             loop.call_soon_threadsafe(schedule)
 
@@ -198,17 +202,23 @@ class Runner:
 
         return await asyncio.to_thread(in_thread)
 
-    async def _write_span(self, span: Span) -> None:
-        try:
-            await self.store.add_span(span)
-            self.stats.spans_written += 1
-        except Exception as exc:
-            self.stats.span_write_errors += 1
-            logger.warning("span %s of attempt %s was not stored: %r", span.name, span.attempt_id, exc)
+    async def _flush(self, slot: _Slot) -> None:
+        while slot.buffer:
+            batch = list(slot.buffer)
+            slot.buffer.clear()
+            try:
+                await self.store.add_spans(batch)
+                self.stats.spans_written += len(batch)
+            except Exception as exc:
+                self.stats.span_write_errors += len(batch)
+                logger.warning("%d spans of attempt %s were not stored: %r", len(batch), batch[0].attempt_id, exc)
 
     async def _drain(self, slot: _Slot) -> None:
-        # Let callbacks scheduled with call_soon_threadsafe run, then wait for every pending write.
+        # Let callbacks scheduled with call_soon_threadsafe run, then wait for the writer to empty the queue.
         await asyncio.sleep(0)
-        while slot.pending:
-            await asyncio.gather(*list(slot.pending), return_exceptions=True)
+        while slot.buffer or (slot.writer is not None and not slot.writer.done()):
+            if slot.writer is not None and not slot.writer.done():
+                await slot.writer
+            elif slot.buffer:
+                slot.writer = asyncio.ensure_future(self._flush(slot))
             await asyncio.sleep(0)

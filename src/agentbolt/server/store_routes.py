@@ -65,7 +65,7 @@ async def query_rollouts(
     status: list[RolloutStatus] | None = Query(default=None),
     mode: RolloutMode | None = None,
     rollout_id: list[str] | None = Query(default=None),
-    limit: int | None = Query(default=None, ge=1, le=10_000),
+    limit: int | None = Query(default=None, ge=0, le=10_000),
     offset: int = Query(default=0, ge=0),
 ) -> list[Rollout]:
     return await _store(request).query_rollouts(

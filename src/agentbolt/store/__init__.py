@@ -1,1 +1,109 @@
-"""agentbolt.store."""
+"""agentbolt.store: the ``LightningStore`` contract, its backends, and :func:`build_store` to pick one by URL.
+
+Store URLs::
+
+    memory://                      InMemoryLightningStore (this process only, nothing kept)
+    sqlite:///relative/path.db     SqliteLightningStore; three slashes then the path (as in SQLAlchemy), so an
+    sqlite:////absolute/path.db    absolute path gives four slashes
+    path/to/file.db                a plain path ending in .db, .sqlite or .sqlite3 means SQLite too
+
+A new backend registers a builder for its URL scheme with :func:`register_store_backend`; builders import their
+backend lazily, so an unused backend never loads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+from agentbolt.errors import ConfigError
+from agentbolt.store.base import EnqueueRequest, LightningStore, StoreCapabilities
+from agentbolt.store.memory import InMemoryLightningStore
+from agentbolt.store.sqlite import SqliteLightningStore
+
+StoreBuilder = Callable[[str], LightningStore]
+"""Builds a store from its full URL (the builder parses what follows the scheme)."""
+
+SQLITE_SUFFIXES: tuple[str, ...] = (".db", ".sqlite", ".sqlite3")
+"""File name endings that make a plain path mean a SQLite store."""
+
+
+def _build_memory(url: str) -> LightningStore:
+    if url.lower() != "memory://":
+        raise ConfigError(f"store URL {url!r}: the memory store takes no path or options; use 'memory://'")
+    return InMemoryLightningStore()
+
+
+def _build_sqlite(url: str) -> LightningStore:
+    parts = urlsplit(url)
+    if parts.netloc or not parts.path.startswith("/") or parts.query or parts.fragment:
+        raise ConfigError(
+            f"store URL {url!r}: write 'sqlite:///relative/path.db' or 'sqlite:////absolute/path.db' "
+            "(three slashes, then the path)"
+        )
+    path = parts.path[1:]
+    if not path:
+        raise ConfigError(f"store URL {url!r} has no file path; write e.g. 'sqlite:///agentbolt.db'")
+    return SqliteLightningStore(path)
+
+
+STORE_BACKENDS: dict[str, StoreBuilder] = {
+    "memory": _build_memory,
+    "sqlite": _build_sqlite,
+}
+"""URL scheme -> builder. The HTTP client registers ``http``/``https`` here (see :func:`register_store_backend`)."""
+
+
+def register_store_backend(scheme: str, builder: StoreBuilder) -> None:
+    """Make :func:`build_store` accept ``<scheme>://...`` URLs.
+
+    Raises:
+        ConfigError: ``scheme`` is already registered.
+    """
+    scheme = scheme.lower()
+    if scheme in STORE_BACKENDS:
+        raise ConfigError(f"a store backend for scheme '{scheme}' is already registered")
+    STORE_BACKENDS[scheme] = builder
+
+
+def accepted_store_urls() -> list[str]:
+    """Human-readable forms :func:`build_store` accepts (used in error messages and CLI help)."""
+    forms = {
+        "memory": "memory://",
+        "sqlite": "sqlite:///relative/path.db | sqlite:////absolute/path.db",
+    }
+    listed = [forms.get(scheme, f"{scheme}://...") for scheme in STORE_BACKENDS]
+    return [*listed, f"a plain file path ending in {' / '.join(SQLITE_SUFFIXES)}"]
+
+
+def build_store(url: str) -> LightningStore:
+    """Create the store backend a URL names (see the module docstring for the forms).
+
+    The store opens lazily: files and connections are touched on its first call. Close it with ``await
+    store.close()``.
+
+    Raises:
+        ConfigError: the URL matches no registered form; the message lists the accepted ones.
+    """
+    url = url.strip()
+    if "://" in url:
+        builder = STORE_BACKENDS.get(urlsplit(url).scheme.lower())
+        if builder is not None:
+            return builder(url)
+    elif url.lower().endswith(SQLITE_SUFFIXES):
+        return SqliteLightningStore(url)
+    raise ConfigError(f"unknown store URL {url!r}; accepted forms: {'; '.join(accepted_store_urls())}")
+
+
+__all__ = [
+    "STORE_BACKENDS",
+    "EnqueueRequest",
+    "InMemoryLightningStore",
+    "LightningStore",
+    "SqliteLightningStore",
+    "StoreBuilder",
+    "StoreCapabilities",
+    "accepted_store_urls",
+    "build_store",
+    "register_store_backend",
+]

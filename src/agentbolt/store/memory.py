@@ -1,8 +1,8 @@
 """``InMemoryLightningStore``: the store in a few dicts, for tests and single-process runs.
 
-Nothing survives the process. Every method runs without awaiting between its reads and writes, so each one is
-atomic on the event loop without any lock. Records are deep-copied on the way in and out, so a caller mutating a
-returned model never changes the store.
+Nothing survives the process. Use one store from one thread (one event loop at a time). Every method runs without
+awaiting between its reads and writes, so each one is atomic on the event loop without any lock. Records are
+deep-copied on the way in and out, so a caller mutating a returned model never changes the store.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class InMemoryLightningStore:
             raise AgentboltError("this InMemoryLightningStore is closed; create a new one")
         task = self._sweeper
         loop = asyncio.get_running_loop()
-        if task is None or task.done() or task.get_loop() is not loop:
+        if task is None or task.done() or task.get_loop().is_closed():
             self._sweeper = loop.create_task(self._sweep_forever(), name="agentbolt-memory-store-sweeper")
 
     async def _sweep_forever(self) -> None:

@@ -1,4 +1,4 @@
-"""The SQLite store's tables: migrations (applied in order, recorded in ``schema_version``) and row mapping.
+"""The SQLite store's tables: migrations (applied in order, recorded in ``schema_version``), row mapping, lookups.
 
 Migrations are frozen once released: to change the schema, append a new ``Migration`` to :data:`MIGRATIONS` (never
 edit an old one) and update the matching :class:`Table` column list below. ``tests/contract`` checks that every
@@ -13,13 +13,18 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, PydanticSerializationError
+from pydantic import BaseModel
+from pydantic_core import PydanticSerializationError
 
-from agentbolt.errors import ConfigError
+from agentbolt.errors import ConfigError, NotFoundError
+from agentbolt.types import Attempt, Metric, ResourcesUpdate, Rollout, Span, Worker
+
+M = TypeVar("M", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -138,15 +143,38 @@ def migrate(conn: sqlite3.Connection) -> int:
         conn.execute("COMMIT")
         return newest
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
         raise
 
 
+def marks(values: Sequence[object]) -> str:
+    """``?, ?, ?``: one SQL placeholder per value."""
+    return ", ".join("?" for _ in values)
+
+
+@contextmanager
+def transaction(conn: sqlite3.Connection, *, write: bool) -> Iterator[None]:
+    """One transaction: ``BEGIN IMMEDIATE`` (takes the write lock now) for writes, a snapshot ``BEGIN`` for reads.
+
+    The connection must be in autocommit mode (``isolation_level=None``). Any exception rolls back.
+    """
+    conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+    try:
+        yield
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
 @dataclass(frozen=True)
-class Table:
+class Table(Generic[M]):
     """How one model maps to one table: its columns (model field names) and which of them hold JSON."""
 
     name: str
+    model: type[M]
     columns: tuple[str, ...]
     json_columns: frozenset[str] = frozenset()
     key: str | None = None
@@ -156,18 +184,7 @@ class Table:
         prefix = f"{alias}." if alias else ""
         return "SELECT " + ", ".join(prefix + c for c in self.columns)
 
-    def insert_sql(self) -> str:
-        """``INSERT`` of every column; with a key, an upsert that overwrites the other columns."""
-        sql = (
-            f"INSERT INTO {self.name} ({', '.join(self.columns)}) "
-            f"VALUES ({', '.join('?' for _ in self.columns)})"
-        )
-        if self.key is not None:
-            updates = ", ".join(f"{c} = excluded.{c}" for c in self.columns if c != self.key)
-            sql += f" ON CONFLICT ({self.key}) DO UPDATE SET {updates}"
-        return sql
-
-    def to_row(self, model: BaseModel) -> tuple[Any, ...]:
+    def to_row(self, model: M) -> tuple[Any, ...]:
         """Column values of ``model``, JSON-encoding the JSON columns.
 
         Raises:
@@ -181,16 +198,40 @@ class Table:
             json.dumps(data[c]) if c in self.json_columns and data[c] is not None else data[c] for c in self.columns
         )
 
-    def from_row(self, row: Sequence[Any]) -> dict[str, Any]:
-        """Field dict of one row selected with :meth:`select`, JSON columns decoded."""
-        return {
+    def from_row(self, row: Sequence[Any]) -> M:
+        """The model of one row selected with :meth:`select`, JSON columns decoded."""
+        fields = {
             c: json.loads(v) if c in self.json_columns and v is not None else v
             for c, v in zip(self.columns, row, strict=True)
         }
+        return self.model.model_validate(fields)
+
+    def put(self, conn: sqlite3.Connection, model: M) -> None:
+        """Insert ``model``; with a key, overwrite the row that has the same key (an upsert)."""
+        self.put_many(conn, [model])
+
+    def put_many(self, conn: sqlite3.Connection, models: Sequence[M]) -> None:
+        """:meth:`put` for several models, in order."""
+        sql = f"INSERT INTO {self.name} ({', '.join(self.columns)}) VALUES ({marks(self.columns)})"
+        if self.key is not None:
+            updates = ", ".join(f"{c} = excluded.{c}" for c in self.columns if c != self.key)
+            sql += f" ON CONFLICT ({self.key}) DO UPDATE SET {updates}"
+        conn.executemany(sql, [self.to_row(m) for m in models])
+
+    def fetch_all(self, conn: sqlite3.Connection, clauses: str = "", params: Sequence[Any] = ()) -> list[M]:
+        """Models of the rows matching ``clauses`` (SQL after ``FROM table``: ``WHERE ... ORDER BY ...``)."""
+        rows = conn.execute(f"{self.select()} FROM {self.name} {clauses}", params).fetchall()
+        return [self.from_row(r) for r in rows]
+
+    def fetch_one(self, conn: sqlite3.Connection, clauses: str, params: Sequence[Any] = ()) -> M | None:
+        """The first model matching ``clauses``, or ``None``."""
+        row = conn.execute(f"{self.select()} FROM {self.name} {clauses} LIMIT 1", params).fetchone()
+        return None if row is None else self.from_row(row)
 
 
 ROLLOUTS = Table(
     "rollouts",
+    Rollout,
     (
         "rollout_id",
         "input",
@@ -210,6 +251,7 @@ ROLLOUTS = Table(
 )
 ATTEMPTS = Table(
     "attempts",
+    Attempt,
     (
         "attempt_id",
         "rollout_id",
@@ -227,6 +269,7 @@ ATTEMPTS = Table(
 )
 SPANS = Table(
     "spans",
+    Span,
     (
         "rollout_id",
         "attempt_id",
@@ -244,15 +287,58 @@ SPANS = Table(
 )
 RESOURCES = Table(
     "resources",
+    ResourcesUpdate,
     ("version", "resources_id", "resources", "create_time", "metadata"),
     frozenset({"resources", "metadata"}),
 )
 WORKERS = Table(
     "workers",
+    Worker,
     ("worker_id", "status", "last_heartbeat_time", "current_rollout_id", "current_attempt_id", "metadata"),
     frozenset({"metadata"}),
     key="worker_id",
 )
-METRICS = Table("metrics", ("name", "train_step", "value", "time"))
+METRICS = Table("metrics", Metric, ("name", "train_step", "value", "time"))
 
-TABLES: tuple[Table, ...] = (ROLLOUTS, ATTEMPTS, SPANS, RESOURCES, WORKERS, METRICS)
+TABLES: tuple[Table[Any], ...] = (ROLLOUTS, ATTEMPTS, SPANS, RESOURCES, WORKERS, METRICS)
+
+
+# ---------------------------------------------------------------------- lookups used by the store
+def get_rollout(conn: sqlite3.Connection, rollout_id: str) -> Rollout:
+    """The rollout. Raises NotFoundError."""
+    rollout = ROLLOUTS.fetch_one(conn, "WHERE rollout_id = ?", (rollout_id,))
+    if rollout is None:
+        raise NotFoundError(f"rollout '{rollout_id}' does not exist")
+    return rollout
+
+
+def get_attempt(conn: sqlite3.Connection, rollout_id: str, attempt_id: str) -> Attempt:
+    """The attempt of that rollout. Raises NotFoundError (unknown rollout, or attempt not of that rollout)."""
+    get_rollout(conn, rollout_id)
+    attempt = ATTEMPTS.fetch_one(conn, "WHERE rollout_id = ? AND attempt_id = ?", (rollout_id, attempt_id))
+    if attempt is None:
+        raise NotFoundError(f"attempt '{attempt_id}' of rollout '{rollout_id}' does not exist")
+    return attempt
+
+
+def latest_attempt(conn: sqlite3.Connection, rollout_id: str) -> Attempt | None:
+    """The rollout's attempt with the highest ``sequence_id``, or ``None``."""
+    return ATTEMPTS.fetch_one(conn, "WHERE rollout_id = ? ORDER BY sequence_id DESC", (rollout_id,))
+
+
+def get_worker(conn: sqlite3.Connection, worker_id: str) -> Worker | None:
+    """The worker, or ``None``."""
+    return WORKERS.fetch_one(conn, "WHERE worker_id = ?", (worker_id,))
+
+
+def get_resources(conn: sqlite3.Connection, resources_id: str) -> ResourcesUpdate:
+    """One resources version. Raises NotFoundError."""
+    update = RESOURCES.fetch_one(conn, "WHERE resources_id = ?", (resources_id,))
+    if update is None:
+        raise NotFoundError(f"resources '{resources_id}' do not exist")
+    return update
+
+
+def latest_resources(conn: sqlite3.Connection) -> ResourcesUpdate | None:
+    """The newest resources version, or ``None``."""
+    return RESOURCES.fetch_one(conn, "ORDER BY version DESC")

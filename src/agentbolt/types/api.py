@@ -28,7 +28,7 @@ class EnqueueBody(_Body):
 class EnqueueManyBody(_Body):
     """``POST /v1/rollouts/batch``."""
 
-    requests: list[EnqueueBody] = Field(min_length=1)
+    requests: list[EnqueueBody]
 
 
 class ClaimBody(_Body):
@@ -55,7 +55,7 @@ class WaitBody(_Body):
 class SpansBody(_Body):
     """``POST /v1/spans/batch``."""
 
-    spans: list[Span] = Field(min_length=1)
+    spans: list[Span]
 
 
 class ResourcesBody(_Body):

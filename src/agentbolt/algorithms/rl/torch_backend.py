@@ -1,0 +1,387 @@
+"""The ``torch`` trainer backend: LoRA policy-gradient steps on one device (CPU or one GPU) with transformers + peft.
+
+The model is shared with the embedded inference backend: :func:`attach_lora` injects LoRA layers into the *same*
+module objects (no weight copy), so the next generation after :meth:`TorchPolicyTrainer.train_step` already samples
+from the updated policy. Between steps the model stays in ``eval()`` mode with ``requires_grad`` only on LoRA
+parameters. The caller must not generate while a step runs (train mode, weights changing).
+
+One ``train_step``:
+
+1. drop samples with advantage exactly 0 (no gradient under GRPO-style estimators) or no trained token;
+2. sort by length and pack right-padded micro-batches of at most ``micro_batch_tokens`` tokens, padding included
+   (:func:`~agentbolt.algorithms.rl.samples.plan_micro_batches`);
+3. per micro-batch: forward in the model's own dtype (bf16 for the embedded model), token logprobs of the actual next
+   tokens with a float32 log-softmax, PPO-clip with the whole batch's token count as normalizer, backward;
+4. clip the gradient norm and take one AdamW step (skipped, with the gradient dropped, when the norm is not finite).
+
+Token logprobs never materialize the full ``(B, T, V)`` float32 log-softmax: the decoder's last hidden states are
+gathered at the trained positions only, and ``lm_head`` + ``logsumexp`` run over chunks of ``logprob_chunk_tokens``
+positions under activation checkpointing, so at most one ``(chunk, V)`` float32 block (V = 151,936 for Qwen2.5) is
+alive at a time, in the forward and in the backward. This assumes the causal-LM head is ``lm_head(decoder(x))``
+(Llama, Qwen2/3, Mistral, SmolLM, ...); models that soft-cap or scale their final logits are refused.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from torch.utils.checkpoint import checkpoint
+
+from agentbolt.algorithms.rl.losses import Aggregation, ppo_clip_loss
+from agentbolt.algorithms.rl.samples import TrainingSample, plan_micro_batches
+from agentbolt.errors import ConfigError
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedModel
+
+DEFAULT_LORA_TARGET_MODULES: tuple[str, ...] = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+)
+"""Every attention and MLP projection of Llama/Qwen-style blocks ("LoRA without regret", Schulman et al., Thinking
+Machines 2025: LoRA on all layers, MLP included, matches full fine-tuning far better than attention-only)."""
+
+
+class TorchTrainerConfig(BaseModel):
+    """Settings of the ``torch`` trainer backend (frozen; round-trips through YAML/JSON).
+
+    Attributes:
+        learning_rate: AdamW learning rate. 1e-4 for LoRA: LoRA wants about 10x the full fine-tuning rate
+            (Tinker docs, "LoRA primer"; tinker-cookbook ``hyperparam_utils.get_lr``), whose RL values sit around
+            1e-6..1e-5; Tinker's supervised LoRA formula gives ~5e-4 for Qwen2.5-0.5B and RL is run lower.
+        weight_decay: AdamW decoupled weight decay (0: decay would pull LoRA B back towards the base model).
+        max_grad_norm: the global gradient norm is clipped to this (> 0).
+        lora_r / lora_alpha: LoRA rank and scale (the update is ``alpha / r * B @ A``).
+        lora_dropout: must be 0, so the policy that is trained is exactly the one that sampled (dropout would make the
+            importance ratio differ from 1 before any update).
+        lora_target_modules: module names that get LoRA adapters.
+        micro_batch_tokens: budget of one right-padded micro-batch, ``rows * longest sequence`` (a longer sequence
+            gets a micro-batch of its own).
+        clip_low / clip_high: PPO-clip bounds ``[1 - clip_low, 1 + clip_high]`` (DAPO clip-higher defaults,
+            arXiv:2503.14476).
+        loss_aggregation: ``token_mean`` (DAPO) or ``sequence_mean`` (GRPO), see :func:`ppo_clip_loss`.
+        logprob_chunk_tokens: positions per ``lm_head`` + log-softmax chunk (memory vs. speed).
+        gradient_checkpointing: recompute decoder activations in the backward (less memory, ~30% more compute).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    learning_rate: float = Field(default=1e-4, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    lora_r: int = Field(default=16, ge=1)
+    lora_alpha: int = Field(default=32, ge=1)
+    lora_dropout: float = 0.0
+    lora_target_modules: tuple[str, ...] = DEFAULT_LORA_TARGET_MODULES
+    micro_batch_tokens: int = Field(default=4096, ge=1)
+    clip_low: float = Field(default=0.2, ge=0, lt=1)
+    clip_high: float = Field(default=0.28, ge=0)
+    loss_aggregation: Aggregation = "token_mean"
+    logprob_chunk_tokens: int = Field(default=512, ge=1)
+    gradient_checkpointing: bool = False
+
+    @field_validator("lora_dropout")
+    @classmethod
+    def _no_dropout(cls, value: float) -> float:
+        if value != 0.0:
+            raise ValueError(
+                f"lora_dropout must be 0 (got {value}): the trained policy must equal the sampling policy, or the "
+                "importance ratio is off before any update"
+            )
+        return value
+
+    @field_validator("lora_target_modules")
+    @classmethod
+    def _some_targets(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise ValueError("lora_target_modules is empty; name at least one module, e.g. q_proj")
+        return value
+
+
+def attach_lora(model: PreTrainedModel, config: TorchTrainerConfig) -> PeftModel:
+    """Inject LoRA adapters into ``model`` in place and return the ``PeftModel`` wrapping it.
+
+    No weight is copied: ``model`` itself now holds the LoRA layers, so the embedded inference backend may keep
+    generating with ``model`` or with the returned wrapper. The result is in ``eval()`` mode with
+    ``requires_grad`` on the LoRA parameters only; adapters are kept in float32 (peft's default for a bf16/fp16
+    base), and LoRA ``B`` starts at 0, so the policy is unchanged until the first step.
+
+    Raises:
+        ConfigError: ``model`` already has adapters, or none of ``config.lora_target_modules`` exists in it.
+    """
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if isinstance(model, PeftModel) or getattr(model, "peft_config", None):
+        raise ConfigError("the model already has adapters; attach_lora must be called once, on the base model")
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    lora_config = LoraConfig(
+        r=config.lora_r,
+        lora_alpha=config.lora_alpha,
+        lora_dropout=config.lora_dropout,
+        target_modules=list(config.lora_target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    try:
+        peft_model = get_peft_model(model, lora_config)
+    except ValueError as exc:
+        raise ConfigError(f"cannot attach LoRA to {config.lora_target_modules}: {exc}") from exc
+    for name, param in peft_model.named_parameters():
+        param.requires_grad_("lora_" in name)
+    peft_model.eval()
+    assert isinstance(peft_model, PeftModel)
+    return peft_model
+
+
+def save_adapter(model: PeftModel, path: str | Path) -> Path:
+    """Write the LoRA adapter (``adapter_config.json`` + ``adapter_model.safetensors``) under ``path``.
+
+    Only the adapter is written (a few MB), never the base weights. Returns the directory.
+    """
+    directory = Path(path)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(directory))
+    return directory
+
+
+class TorchPolicyTrainer:
+    """PPO-clip LoRA updates of a model shared with the embedded inference backend (see the module docstring).
+
+    Args:
+        model: a model returned by :func:`attach_lora`.
+        config: the settings (``lora_*`` fields were used by :func:`attach_lora`; the rest are read here).
+        pad_token_id: token id used for right padding (never trained on: padding is outside the loss mask and
+            the attention mask).
+
+    Raises:
+        ConfigError: the model has no trainable parameter, or applies a final-logit soft-cap / scale.
+    """
+
+    def __init__(self, model: PeftModel, config: TorchTrainerConfig, pad_token_id: int) -> None:
+        self.model = model
+        self.config = config
+        self.pad_token_id = pad_token_id
+        base = cast("PreTrainedModel", model.get_base_model())
+        for attribute in ("final_logit_softcapping", "logit_scale"):
+            if getattr(base.config, attribute, None) not in (None, 1.0):
+                raise ConfigError(
+                    f"{type(base).__name__} applies {attribute} to its logits; the torch backend computes logprobs "
+                    "as lm_head(decoder(x)) and does not support it"
+                )
+        self._decoder = base.get_decoder()
+        head = base.get_output_embeddings()
+        if not isinstance(head, torch.nn.Module):
+            raise ConfigError(f"{type(base).__name__} has no output embedding (lm_head) module")
+        self._lm_head: torch.nn.Module = head
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        if not self._params:
+            raise ConfigError("the model has no trainable parameter; build it with attach_lora(model, config)")
+        self.device = self._params[0].device
+        self.optimizer = torch.optim.AdamW(self._params, lr=config.learning_rate, weight_decay=config.weight_decay)
+        self.train_steps = 0
+        """Optimizer steps taken so far."""
+
+    def train_step(self, samples: Sequence[TrainingSample]) -> dict[str, float]:
+        """One optimizer step on ``samples`` (see the module docstring).
+
+        Returns:
+            Floats: ``loss`` (the batch's PPO-clip loss), ``clip_fraction``, ``approx_kl`` (k3, mean over trained
+            tokens), ``ratio_mean``, ``grad_norm`` (before clipping; ``nan`` when no step was taken),
+            ``stepped`` (1.0 or 0.0), ``n_samples`` (trained), ``n_skipped_zero_advantage``,
+            ``n_skipped_no_loss_tokens``, ``n_tokens`` (non-padding tokens forwarded), ``n_loss_tokens``,
+            ``n_padding_tokens``, ``n_micro_batches``, ``tokens_per_s``, ``train_step_s``, ``learning_rate``,
+            ``peak_rss_bytes`` (process peak resident memory so far) and, on CUDA, ``peak_device_memory_bytes``.
+            When every sample has advantage 0 the step is skipped and the counts are returned.
+        """
+        start = time.perf_counter()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        n_zero = sum(1 for s in samples if s.advantage == 0.0)
+        n_empty = sum(1 for s in samples if s.advantage != 0.0 and s.n_loss_tokens == 0)
+        kept = [s for s in samples if s.advantage != 0.0 and s.n_loss_tokens > 0]
+        stats: dict[str, float] = {
+            "n_skipped_zero_advantage": float(n_zero),
+            "n_skipped_no_loss_tokens": float(n_empty),
+            "n_samples": float(len(kept)),
+            "learning_rate": self.config.learning_rate,
+        }
+        if not kept:
+            stats.update(stepped=0.0, loss=0.0, grad_norm=math.nan, n_tokens=0.0, n_loss_tokens=0.0)
+            return self._finish(stats, start, n_tokens=0)
+
+        total_loss_tokens = sum(s.n_loss_tokens for s in kept)
+        # token_mean divides by the batch's trained tokens, sequence_mean by its sequences (see ppo_clip_loss)
+        token_mean = self.config.loss_aggregation == "token_mean"
+        normalizer = float(total_loss_tokens) if token_mean else float(len(kept))
+        plan = plan_micro_batches([s.n_tokens for s in kept], self.config.micro_batch_tokens)
+
+        loss_sum = 0.0
+        kl_sum = clip_sum = ratio_sum = 0.0
+        n_padding = 0
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.train()
+        try:
+            for indices in plan:
+                batch = [kept[i] for i in indices]
+                tensors = self._collate(batch)
+                logprobs = self._token_logprobs(tensors)
+                loss, loss_stats = ppo_clip_loss(
+                    logprobs,
+                    tensors["sampling_logprobs"][:, 1:],
+                    tensors["advantages"],
+                    tensors["loss_mask"][:, 1:],
+                    clip_low=self.config.clip_low,
+                    clip_high=self.config.clip_high,
+                    aggregation=self.config.loss_aggregation,
+                    normalizer=normalizer,
+                )
+                loss.backward()
+                loss_sum += float(loss.item())
+                n = loss_stats.n_loss_tokens
+                kl_sum += loss_stats.approx_kl * n
+                clip_sum += loss_stats.clip_fraction * n
+                ratio_sum += loss_stats.ratio_mean * n
+                n_padding += int(tensors["input_ids"].numel() - tensors["attention_mask"].sum().item())
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self._params, self.config.max_grad_norm).item())
+            stepped = math.isfinite(grad_norm)
+            if stepped:
+                self.optimizer.step()
+                self.train_steps += 1
+        finally:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.model.eval()
+
+        n_tokens = sum(s.n_tokens for s in kept)
+        stats.update(
+            loss=loss_sum,
+            approx_kl=kl_sum / total_loss_tokens,
+            clip_fraction=clip_sum / total_loss_tokens,
+            ratio_mean=ratio_sum / total_loss_tokens,
+            grad_norm=grad_norm,
+            stepped=1.0 if stepped else 0.0,
+            n_tokens=float(n_tokens),
+            n_loss_tokens=float(total_loss_tokens),
+            n_padding_tokens=float(n_padding),
+            n_micro_batches=float(len(plan)),
+        )
+        return self._finish(stats, start, n_tokens=n_tokens)
+
+    @torch.no_grad()
+    def trainer_logprobs(self, samples: Sequence[TrainingSample]) -> list[list[float]]:
+        """log pi(token) under the current policy, computed exactly as ``train_step`` does, without a gradient.
+
+        Returns:
+            One ``(L,)`` list per sample, aligned like ``sampling_logprobs``: 0.0 where ``loss_mask`` is 0. Compare
+            with ``sampling_logprobs`` to measure the sampler/trainer mismatch.
+        """
+        was_training = self.model.training
+        self.model.eval()
+        out: list[list[float]] = [[] for _ in samples]
+        try:
+            for indices in plan_micro_batches([s.n_tokens for s in samples], self.config.micro_batch_tokens):
+                batch = [samples[i] for i in indices]
+                logprobs = self._token_logprobs(self._collate(batch)).cpu()
+                for row, i in enumerate(indices):
+                    n = samples[i].n_tokens
+                    values = [0.0, *logprobs[row, : n - 1].tolist()]
+                    out[i] = [v if m else 0.0 for v, m in zip(values, samples[i].loss_mask, strict=True)]
+        finally:
+            self.model.train(was_training)
+        return out
+
+    def save_adapter(self, path: str | Path) -> Path:
+        """Write the current LoRA adapter under ``path`` (see :func:`save_adapter`)."""
+        return save_adapter(self.model, path)
+
+    def _collate(self, batch: Sequence[TrainingSample]) -> dict[str, torch.Tensor]:
+        """Right-pad a micro-batch: ``input_ids``/``attention_mask``/``loss_mask`` ``(B, T)`` int64,
+        ``sampling_logprobs`` ``(B, T)`` float32, ``advantages`` and ``inverse_temperatures`` ``(B,)`` float32."""
+        width = max(s.n_tokens for s in batch)
+        rows = len(batch)
+        input_ids = torch.full((rows, width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((rows, width), dtype=torch.long)
+        loss_mask = torch.zeros((rows, width), dtype=torch.long)
+        sampling_logprobs = torch.zeros((rows, width), dtype=torch.float32)
+        for row, sample in enumerate(batch):
+            n = sample.n_tokens
+            input_ids[row, :n] = torch.tensor(sample.input_ids, dtype=torch.long)
+            attention_mask[row, :n] = 1
+            loss_mask[row, :n] = torch.tensor(sample.loss_mask, dtype=torch.long)
+            sampling_logprobs[row, :n] = torch.tensor(sample.sampling_logprobs, dtype=torch.float32)
+        tensors = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "loss_mask": loss_mask,
+            "sampling_logprobs": sampling_logprobs,
+            "advantages": torch.tensor([s.advantage for s in batch], dtype=torch.float32),
+            "inverse_temperatures": torch.tensor([1.0 / s.sampling_temperature for s in batch], dtype=torch.float32),
+        }
+        return {name: t.to(self.device) for name, t in tensors.items()}
+
+    def _token_logprobs(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``(B, T - 1)`` float32: entry ``[b, t]`` is log pi(input_ids[b, t + 1] | input_ids[b, : t + 1]) at the
+        trained positions (``loss_mask[b, t + 1] == 1``), 0 elsewhere. Differentiable when grad is enabled."""
+        input_ids = tensors["input_ids"]
+        predicted = tensors["loss_mask"][:, 1:].to(torch.bool)  # (B, T-1)
+        hidden = self._decoder(
+            input_ids=input_ids, attention_mask=tensors["attention_mask"], use_cache=False
+        ).last_hidden_state  # (B, T, H), model dtype
+        hidden_NH = hidden[:, :-1][predicted]  # (N, H): the positions that predict a trained token
+        targets_N = input_ids[:, 1:][predicted]  # (N,)
+        rows = torch.arange(input_ids.shape[0], device=input_ids.device).unsqueeze(1).expand_as(predicted)
+        inverse_temperatures_N = tensors["inverse_temperatures"][rows[predicted]]  # (N,)
+        chunk = self.config.logprob_chunk_tokens
+        pieces: list[torch.Tensor] = []
+        for lo in range(0, targets_N.shape[0], chunk):
+            args = (hidden_NH[lo : lo + chunk], targets_N[lo : lo + chunk], inverse_temperatures_N[lo : lo + chunk])
+            if torch.is_grad_enabled():
+                piece = checkpoint(self._chunk_logprobs, *args, use_reentrant=False)
+            else:
+                piece = self._chunk_logprobs(*args)
+            assert isinstance(piece, torch.Tensor)
+            pieces.append(piece)
+        values_N = torch.cat(pieces) if pieces else hidden.new_zeros((0,), dtype=torch.float32)
+        out = torch.zeros(predicted.shape, dtype=torch.float32, device=input_ids.device)
+        return out.masked_scatter(predicted, values_N)
+
+    def _chunk_logprobs(
+        self, hidden_NH: torch.Tensor, targets_N: torch.Tensor, inverse_temperatures_N: torch.Tensor
+    ) -> torch.Tensor:
+        """``(N,)`` float32 log-softmax of ``lm_head(hidden) / temperature`` at ``targets``; the ``(N, V)`` logits
+        are computed in the model's dtype (as the sampler does), then upcast to float32."""
+        logits = self._lm_head(hidden_NH).float() * inverse_temperatures_N.unsqueeze(1)  # (N, V) float32
+        picked = logits.gather(1, targets_N.unsqueeze(1)).squeeze(1)
+        return picked - torch.logsumexp(logits, dim=1)
+
+    def _finish(self, stats: dict[str, float], start: float, *, n_tokens: int) -> dict[str, float]:
+        elapsed = time.perf_counter() - start
+        stats["train_step_s"] = elapsed
+        stats["tokens_per_s"] = n_tokens / elapsed if elapsed > 0 else 0.0
+        stats["peak_rss_bytes"] = float(_peak_rss_bytes())
+        if self.device.type == "cuda":
+            stats["peak_device_memory_bytes"] = float(torch.cuda.max_memory_allocated(self.device))
+        return stats
+
+
+def _peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far (``getrusage``: KiB on Linux, bytes on macOS); 0 if unknown."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return 0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak) if sys.platform == "darwin" else int(peak) * 1024

@@ -1,0 +1,677 @@
+"""The embedded inference backend: transformers on the CPU (or one CUDA GPU), batched, with exact token ids.
+
+Imports torch and transformers at module level, so only the training side imports this module, lazily (the agent
+side never does; STYLE.md section 1).
+
+How a call goes: :meth:`EmbeddedBackend.generate` renders the chat template once into prompt token ids (in the
+caller's event loop, so a prompt that does not fit fails at once with ConfigError), queues the request and awaits
+its future. ONE worker thread takes up to ``max_batch_size`` queued requests that share sampling settings
+(temperature, top_p), left-pads them, runs ``model.generate`` under ``torch.inference_mode()``, cuts each row at its
+first stop id or its own ``max_tokens``, and resolves each future through ``loop.call_soon_threadsafe``.
+
+Sampling logprobs: for each generated id, ``log_softmax(logits.float() / temperature)`` (temperature 1 when greedy)
+of the raw model logits, gathered at the id. They are recorded step by step inside ``generate`` (a logits processor
+that sees the raw logits), so memory stays ``(B, V)`` instead of ``output_logits``' ``(T, B, V)`` (about 0.6 MB per
+generated token and row for Qwen's 151,936-token vocabulary). top_p truncation is not folded in: the logprob is the
+one of the tempered full distribution, as in vLLM's default.
+
+Training updates: the trainer updates ``backend.model`` in place (or swaps in a peft model with :meth:`set_model`)
+inside ``with backend.paused():`` / ``async with backend.paused():``, which waits for the running batch and keeps
+new ones from starting, then bumps :meth:`set_model_version`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
+
+from agentbolt.errors import BackendError, ConfigError
+from agentbolt.inference.base import GenerationRequest, GenerationResult
+from agentbolt.inference.model_files import MODEL_SPECS, prepare_model
+
+logger = logging.getLogger(__name__)
+
+_STOP_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>")
+"""End-of-turn tokens used as stop ids when the tokenizer has them as single tokens."""
+
+
+@dataclass
+class ThroughputStats:
+    """Counters since load (read them for tokens/s reports; they only grow).
+
+    Attributes:
+        generated_tokens: response ids returned (after the per-request cut), summed over requests.
+        generation_s: wall seconds spent inside ``model.generate``, summed over batches.
+        batches: batches run.
+        requests: requests answered (successfully) by those batches.
+        failed_requests: requests that got a BackendError from the worker.
+    """
+
+    generated_tokens: int = 0
+    generation_s: float = 0.0
+    batches: int = 0
+    requests: int = 0
+    failed_requests: int = 0
+
+    @property
+    def mean_batch_size(self) -> float:
+        """Requests per batch (0.0 before the first batch)."""
+        return self.requests / self.batches if self.batches else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens per second of generation time (0.0 before the first batch)."""
+        return self.generated_tokens / self.generation_s if self.generation_s else 0.0
+
+
+@dataclass
+class _Pending:
+    """A queued request and where its answer goes."""
+
+    request: GenerationRequest
+    prompt_token_ids: list[int]
+    future: asyncio.Future[GenerationResult]
+    loop: asyncio.AbstractEventLoop
+    enqueued_s: float = field(default_factory=time.monotonic)
+
+    @property
+    def batch_key(self) -> tuple[float, float]:
+        return (self.request.temperature, self.request.top_p)
+
+
+class _PauseGuard:
+    """What :meth:`EmbeddedBackend.paused` returns: usable with ``with`` and with ``async with``."""
+
+    def __init__(self, backend: EmbeddedBackend) -> None:
+        self._backend = backend
+
+    def __enter__(self) -> EmbeddedBackend:
+        self._backend._pause_acquire()
+        return self._backend
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None):
+        self._backend._pause_release()
+
+    async def __aenter__(self) -> EmbeddedBackend:
+        waiting = asyncio.ensure_future(asyncio.to_thread(self._backend._pause_acquire))
+        try:
+            await asyncio.shield(waiting)
+        except asyncio.CancelledError:
+            # The thread cannot be stopped; undo the pause once it has been taken.
+            waiting.add_done_callback(lambda _: self._backend._pause_release())
+            raise
+        return self._backend
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._backend._pause_release()
+
+
+class _SamplingLogprobs(LogitsProcessor):
+    """Records ``log_softmax(raw_logits / temperature)`` at each chosen id, one step behind.
+
+    At step t it receives the raw logits ``(B, V)``; the id chosen from them is only known at step t+1 (the last
+    column of ``input_ids``) or, for the last step, from the returned sequences (:meth:`finish`).
+    """
+
+    def __init__(self, temperature: float) -> None:
+        self._temperature = temperature
+        self._pending: torch.Tensor | None = None
+        self._chosen: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        if self._pending is not None:
+            self._chosen.append(self._pending.gather(1, input_ids[:, -1:]).squeeze(1))
+        self._pending = torch.log_softmax(scores.float() / self._temperature, dim=-1)
+        return scores
+
+    def finish(self, generated: torch.Tensor) -> torch.Tensor:
+        """``(B, T)`` logprobs of ``generated`` ``(B, T)``, the ids generate returned after the prompt."""
+        steps = generated.shape[1]
+        if self._pending is not None and len(self._chosen) < steps:
+            self._chosen.append(self._pending.gather(1, generated[:, len(self._chosen)].unsqueeze(1)).squeeze(1))
+        self._pending = None
+        if not self._chosen:
+            return torch.zeros(generated.shape, dtype=torch.float32)
+        return torch.stack(self._chosen[:steps], dim=1)
+
+
+class _RowBudget(StoppingCriteria):
+    """Stops each row at its own ``max_tokens`` (``(B,)``), so a batch ends when every row is done."""
+
+    def __init__(self, prompt_len: int, max_tokens_B: torch.Tensor) -> None:
+        self._prompt_len = prompt_len
+        self._max_tokens_B = max_tokens_B
+
+    def __call__(
+        self, input_ids: torch.LongTensor, scores: tuple[torch.Tensor] | None, **kwargs: Any
+    ) -> torch.BoolTensor:
+        done = (input_ids.shape[1] - self._prompt_len) >= self._max_tokens_B
+        return done  # type: ignore[return-value]
+
+
+class EmbeddedBackend:
+    """An :class:`~agentbolt.inference.base.InferenceBackend` running a transformers model in this process.
+
+    Build it with :meth:`load`. Attributes the trainer uses:
+
+    Attributes:
+        model: the model ``generate`` runs; a peft model after :meth:`set_model`.
+        tokenizer: its tokenizer (owns the chat template).
+        model_name: the served name (the gateway maps any requested name to it).
+        model_version: weights version stamped on every result, ``base`` until :meth:`set_model_version`.
+        device: where the model runs.
+        max_context_tokens: the model's maximum positions; prompt + ``max_tokens`` must fit.
+        stop_token_ids: ids that end a response (kept in the response ids).
+        stats: :class:`ThroughputStats`.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        model_name: str,
+        device: torch.device | str = "cpu",
+        max_batch_size: int = 16,
+        batch_wait_s: float = 0.02,
+        num_threads: int | None = None,
+    ) -> None:
+        """Serve an already loaded ``model`` (most callers want :meth:`load`). Starts the worker thread.
+
+        Raises:
+            ConfigError: ``max_batch_size < 1`` or ``batch_wait_s < 0``.
+        """
+        if max_batch_size < 1:
+            raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if batch_wait_s < 0:
+            raise ConfigError(f"batch_wait_s must be >= 0, got {batch_wait_s}")
+        self.model: Any = model
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.model_version = "base"
+        self.device = torch.device(device)
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_s
+        self.num_threads = num_threads or os.cpu_count() or 1
+        self.max_context_tokens = _max_positions(model, tokenizer)
+        self.stop_token_ids = _stop_token_ids(model, tokenizer)
+        pad_token_id = tokenizer.pad_token_id
+        self.pad_token_id = pad_token_id if isinstance(pad_token_id, int) else self.stop_token_ids[0]
+        template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
+        self._template_renders_tool_calls = "tool_calls" in template
+        self._template_renders_tools = "tools" in template
+        self.stats = ThroughputStats()
+
+        self._queue: collections.deque[_Pending] = collections.deque()
+        self._cond = threading.Condition()
+        self._pause_count = 0
+        self._busy = False
+        self._closed = False
+        self._worker = threading.Thread(target=self._run, name="agentbolt-embedded-generate", daemon=True)
+        self._worker.start()
+
+    @classmethod
+    def load(
+        cls,
+        name_or_path: str | Path,
+        *,
+        device: str = "cpu",
+        dtype: torch.dtype = torch.bfloat16,
+        max_batch_size: int = 16,
+        batch_wait_s: float = 0.02,
+        num_threads: int | None = None,
+        cache_dir: Path | str | None = None,
+        model_name: str | None = None,
+    ) -> EmbeddedBackend:
+        """Load a model and start serving it.
+
+        Args:
+            name_or_path: an embedded model name (a key of ``MODEL_SPECS``, prepared on first use with
+                :func:`~agentbolt.inference.model_files.prepare_model`) or a Hugging Face model directory.
+            device: ``cpu``, ``cuda`` or ``cuda:N``.
+            dtype: weights dtype (bf16 by default; the embedded models are converted to bf16).
+            max_batch_size: most requests per ``generate`` call.
+            batch_wait_s: how long the worker waits, after the oldest queued request arrived, for more requests
+                to fill a batch.
+            num_threads: torch intra-op threads (``torch.set_num_threads``); default ``os.cpu_count()``.
+            cache_dir: where embedded models are prepared (see ``prepare_model``).
+            model_name: the served name; default ``name_or_path``.
+
+        Raises:
+            ConfigError: unknown model name, or a device that is not available.
+            BackendError: the model files are missing or corrupt, or loading failed.
+        """
+        torch.set_num_threads(num_threads or os.cpu_count() or 1)
+        if str(device).startswith("cuda") and not torch.cuda.is_available():
+            raise ConfigError(f"device {device!r} was asked for but CUDA is not available; use device='cpu'")
+        name = str(name_or_path)
+        if name in MODEL_SPECS:
+            path = prepare_model(name, cache_dir)
+        else:
+            path = Path(name).expanduser()
+            if not path.is_dir():
+                raise ConfigError(
+                    f"{name!r} is neither an embedded model ({', '.join(sorted(MODEL_SPECS))}) nor a model directory"
+                )
+        started_s = time.monotonic()
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(path))
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+        except Exception as exc:
+            raise BackendError(f"loading the model from {path} failed: {exc!r}") from exc
+        model.to(device)  # type: ignore[arg-type]
+        model.eval()
+        logger.info("loaded %s on %s in %.1f s", path, device, time.monotonic() - started_s)
+        return cls(
+            model,
+            tokenizer,
+            model_name=model_name or name,
+            device=device,
+            max_batch_size=max_batch_size,
+            batch_wait_s=batch_wait_s,
+            num_threads=num_threads,
+        )
+
+    # ------------------------------------------------------------------ training hooks
+
+    def paused(self) -> _PauseGuard:
+        """A guard (``with`` or ``async with``) during which no batch runs: entering waits for the running batch
+        to finish; queued requests wait until the last guard exits. Re-entrant. Prefer ``async with`` inside an
+        event loop (the plain ``with`` blocks the calling thread for up to one batch)."""
+        return _PauseGuard(self)
+
+    def set_model(self, model: Any, version: str | None = None) -> None:
+        """Generate with ``model`` from now on (e.g. ``peft.get_peft_model(backend.model, lora_config)``, which
+        wraps the same weights). Waits for the running batch. ``version``, when given, becomes ``model_version``."""
+        with self.paused():
+            self.model = model
+            if version is not None:
+                self.model_version = version
+
+    def set_model_version(self, version: str) -> None:
+        """Stamp results from now on with ``version`` (call it after updating the weights, under ``paused()``)."""
+        self.model_version = version
+
+    # ------------------------------------------------------------------ the Protocol
+
+    def encode_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """The exact prompt ids for ``messages``: the chat template with the generation prompt, applied once.
+
+        OpenAI messages are adapted first (:func:`normalize_messages`); when the template cannot render tools or
+        tool calls, they are written in the Hermes/Qwen text form instead.
+
+        Raises:
+            ConfigError: the template rejects the messages.
+        """
+        chat = normalize_messages(messages, inline_tool_calls=not self._template_renders_tool_calls)
+        template_tools: list[Any] | None = list(tools) if tools else None
+        if template_tools and not self._template_renders_tools:
+            chat = _tools_in_system_message(chat, template_tools)
+            template_tools = None
+        try:
+            encoded = self.tokenizer.apply_chat_template(
+                chat, tools=template_tools, add_generation_prompt=True, tokenize=True, return_dict=True
+            )
+        except Exception as exc:  # jinja errors: bad roles, order, missing fields
+            raise ConfigError(f"the chat template cannot render these messages: {exc}") from exc
+        return list(encoded["input_ids"])  # type: ignore[index]
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Generate one completion; concurrent calls are batched.
+
+        Raises:
+            ConfigError: bad sampling values, or prompt + ``max_tokens`` exceeds ``max_context_tokens``.
+            BackendError: the backend is closed or generation failed.
+        """
+        _check_sampling(request)
+        prompt_token_ids = self.encode_prompt(request.messages, request.tools)
+        if len(prompt_token_ids) + request.max_tokens > self.max_context_tokens:
+            raise ConfigError(
+                f"the prompt has {len(prompt_token_ids)} tokens and max_tokens is {request.max_tokens}: together "
+                f"more than the model's context of {self.max_context_tokens} tokens; shorten the conversation "
+                "or lower max_tokens"
+            )
+        loop = asyncio.get_running_loop()
+        pending = _Pending(request, prompt_token_ids, loop.create_future(), loop)
+        with self._cond:
+            if self._closed:
+                raise BackendError("the embedded backend is closed")
+            self._queue.append(pending)
+            self._cond.notify_all()
+        return await pending.future
+
+    async def close(self) -> None:
+        """Stop the worker after its running batch; queued requests get BackendError. Idempotent."""
+        with self._cond:
+            self._closed = True
+            dropped = list(self._queue)
+            self._queue.clear()
+            self._cond.notify_all()
+        for pending in dropped:
+            _resolve(pending, BackendError("the embedded backend was closed before this request ran"))
+        await asyncio.to_thread(self._worker.join)
+
+    # ------------------------------------------------------------------ worker
+
+    def _pause_acquire(self) -> None:
+        with self._cond:
+            self._pause_count += 1
+            while self._busy:
+                self._cond.wait()
+
+    def _pause_release(self) -> None:
+        with self._cond:
+            self._pause_count -= 1
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        torch.set_num_threads(self.num_threads)
+        while True:
+            batch = self._next_batch()
+            if batch is None:
+                return
+            try:
+                outcomes: list[GenerationResult] | BaseException = self._generate_batch(batch)
+            except Exception as exc:
+                logger.exception("embedded generation failed for a batch of %d", len(batch))
+                outcomes = BackendError(f"embedded generation failed: {exc!r}")
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+            if isinstance(outcomes, BaseException):
+                self.stats.failed_requests += len(batch)
+                for pending in batch:
+                    _resolve(pending, BackendError(str(outcomes)))
+            else:
+                for pending, result in zip(batch, outcomes, strict=True):
+                    _resolve(pending, result)
+
+    def _next_batch(self) -> list[_Pending] | None:
+        """Block until a batch may start; take it. None once closed."""
+        with self._cond:
+            while True:
+                while not self._closed and (self._pause_count > 0 or not self._queue):
+                    self._cond.wait()
+                if self._closed:
+                    return None
+                deadline_s = self._queue[0].enqueued_s + self.batch_wait_s
+                while len(self._queue) < self.max_batch_size and not self._closed:
+                    remaining_s = deadline_s - time.monotonic()
+                    if remaining_s <= 0:
+                        break
+                    self._cond.wait(remaining_s)
+                if self._closed:
+                    return None
+                if self._pause_count > 0:
+                    continue
+                batch = self._take_batch()
+                if batch:
+                    self._busy = True
+                    return batch
+
+    def _take_batch(self) -> list[_Pending]:
+        """Remove from the queue the oldest request and the queued ones that can share its batch: same
+        temperature and top_p, no seed, and the padded prompt plus the longest ``max_tokens`` fits the context.
+        A seeded request runs alone (the seed sets the sampling RNG for the whole batch)."""
+        live = [p for p in self._queue if not p.future.cancelled()]
+        self._queue.clear()
+        if not live:
+            return []
+        first = live[0]
+        batch = [first]
+        if first.request.seed is None:
+            longest_prompt = len(first.prompt_token_ids)
+            longest_budget = first.request.max_tokens
+            for pending in live[1:]:
+                if len(batch) >= self.max_batch_size:
+                    break
+                if pending.batch_key != first.batch_key or pending.request.seed is not None:
+                    continue
+                prompt = max(longest_prompt, len(pending.prompt_token_ids))
+                budget = max(longest_budget, pending.request.max_tokens)
+                if prompt + budget > self.max_context_tokens:
+                    continue
+                batch.append(pending)
+                longest_prompt, longest_budget = prompt, budget
+        taken = {id(p) for p in batch}
+        self._queue.extend(p for p in live if id(p) not in taken)
+        return batch
+
+    def _generate_batch(self, batch: list[_Pending]) -> list[GenerationResult]:
+        """Run one ``model.generate`` over ``batch`` (left-padded) and cut each row's response."""
+        prompts = [p.prompt_token_ids for p in batch]
+        prompt_len = max(len(ids) for ids in prompts)
+        input_ids_BL = torch.full((len(batch), prompt_len), self.pad_token_id, dtype=torch.long)
+        attention_mask_BL = torch.zeros((len(batch), prompt_len), dtype=torch.long)
+        for row, ids in enumerate(prompts):
+            input_ids_BL[row, prompt_len - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            attention_mask_BL[row, prompt_len - len(ids) :] = 1
+        max_tokens_B = torch.tensor([p.request.max_tokens for p in batch], dtype=torch.long)
+        first = batch[0].request
+        greedy = first.temperature <= 0
+        temperature = 1.0 if greedy else first.temperature
+        generation_config = GenerationConfig(
+            max_new_tokens=int(max_tokens_B.max()),
+            do_sample=not greedy,
+            temperature=temperature,
+            top_p=first.top_p,
+            top_k=0,
+            min_p=None,
+            repetition_penalty=1.0,
+            eos_token_id=list(self.stop_token_ids),
+            pad_token_id=self.pad_token_id,
+            return_dict_in_generate=True,
+        )
+        recorder = _SamplingLogprobs(temperature)
+        model = self.model
+        model_version = self.model_version
+        was_training = bool(getattr(model, "training", False))
+        if first.seed is not None:
+            torch.manual_seed(first.seed)
+        started_s = time.monotonic()
+        try:
+            model.eval()
+            with torch.inference_mode():
+                output = model.generate(
+                    input_ids=input_ids_BL.to(self.device),
+                    attention_mask=attention_mask_BL.to(self.device),
+                    generation_config=generation_config,
+                    logits_processor=LogitsProcessorList([recorder]),
+                    stopping_criteria=StoppingCriteriaList([_RowBudget(prompt_len, max_tokens_B.to(self.device))]),
+                )
+                generated_BT = output.sequences[:, prompt_len:]
+                logprobs_BT = recorder.finish(generated_BT).cpu()
+                generated_BT = generated_BT.cpu()
+        finally:
+            if was_training:
+                model.train()
+        elapsed_s = time.monotonic() - started_s
+
+        results: list[GenerationResult] = []
+        stop_ids = set(self.stop_token_ids)
+        for row, pending in enumerate(batch):
+            ids = generated_BT[row].tolist()[: pending.request.max_tokens]
+            finish_reason: Literal["stop", "length"] = "length"
+            for index, token_id in enumerate(ids):
+                if token_id in stop_ids:
+                    ids = ids[: index + 1]
+                    finish_reason = "stop"
+                    break
+            results.append(
+                GenerationResult(
+                    prompt_token_ids=list(pending.prompt_token_ids),
+                    response_token_ids=ids,
+                    response_logprobs=logprobs_BT[row, : len(ids)].tolist(),
+                    text=str(self.tokenizer.decode(ids, skip_special_tokens=True)),
+                    finish_reason=finish_reason,
+                    model_version=model_version,
+                    extra={
+                        "batch_size": len(batch),
+                        "queue_wait_s": started_s - pending.enqueued_s,
+                        "generation_s": elapsed_s,
+                    },
+                )
+            )
+        self.stats.batches += 1
+        self.stats.requests += len(batch)
+        self.stats.generation_s += elapsed_s
+        self.stats.generated_tokens += sum(len(r.response_token_ids) for r in results)
+        return results
+
+
+# ---------------------------------------------------------------------- pure helpers
+
+
+def normalize_messages(messages: list[dict[str, Any]], *, inline_tool_calls: bool = False) -> list[dict[str, Any]]:
+    """Adapt OpenAI chat messages to what Hugging Face chat templates render.
+
+    - ``content: None`` becomes ``""``; a list of content parts becomes the concatenation of its text parts.
+    - ``tool_calls[].function.arguments`` given as a JSON string (OpenAI's form) becomes the decoded object: the
+      Qwen2.5 template writes ``arguments | tojson``, so a string would be rendered as a quoted string. A string that
+      is not a JSON object is left as is.
+    - With ``inline_tool_calls`` (templates that ignore ``tool_calls``, e.g. SmolLM2's), each call is appended to
+      the content as ``<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>`` and ``tool_calls`` is dropped.
+
+    The input is not modified.
+    """
+    normalized: list[dict[str, Any]] = []
+    for message in messages:
+        out = {key: value for key, value in message.items() if value is not None or key == "content"}
+        out["content"] = _content_text(message.get("content"))
+        calls = [_normalize_tool_call(call) for call in (message.get("tool_calls") or [])]
+        out.pop("tool_calls", None)
+        if calls and inline_tool_calls:
+            blocks = [
+                "<tool_call>\n"
+                + json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]})
+                + "\n</tool_call>"
+                for c in calls
+            ]
+            out["content"] = "\n".join(([out["content"]] if out["content"] else []) + blocks)
+        elif calls:
+            out["tool_calls"] = calls
+        normalized.append(out)
+    return normalized
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict) and "text" in part)
+    return str(content)
+
+
+def _normalize_tool_call(call: dict[str, Any]) -> dict[str, Any]:
+    function = dict(call.get("function") or {})
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            decoded = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            decoded = None
+        if isinstance(decoded, dict):
+            function["arguments"] = decoded
+    elif arguments is None:
+        function["arguments"] = {}
+    out = {key: value for key, value in call.items() if key != "function"}
+    out["type"] = call.get("type") or "function"
+    out["function"] = function
+    return out
+
+
+def _tools_in_system_message(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For templates without tool support: describe ``tools`` in the system message, asking for tagged calls in
+    the format :func:`~agentbolt.server.gateway.toolcalls.parse_tool_calls` reads."""
+    listing = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
+    section = (
+        "# Tools\n\nYou can call these functions (JSON signatures):\n<tools>\n"
+        f"{listing}\n</tools>\n\nTo call one, answer with its name and arguments as JSON inside tags:\n"
+        '<tool_call>\n{"name": "<function name>", "arguments": {<arguments as a JSON object>}}\n</tool_call>'
+    )
+    out = [dict(m) for m in messages]
+    if out and out[0].get("role") == "system":
+        out[0]["content"] = f"{out[0]['content']}\n\n{section}" if out[0]["content"] else section
+    else:
+        out.insert(0, {"role": "system", "content": section})
+    return out
+
+
+def _check_sampling(request: GenerationRequest) -> None:
+    if request.max_tokens < 1:
+        raise ConfigError(f"max_tokens must be >= 1, got {request.max_tokens}")
+    if request.temperature < 0:
+        raise ConfigError(f"temperature must be >= 0, got {request.temperature}")
+    if not 0 < request.top_p <= 1:
+        raise ConfigError(f"top_p must be in (0, 1], got {request.top_p}")
+
+
+def _max_positions(model: Any, tokenizer: PreTrainedTokenizerBase) -> int:
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if isinstance(positions, int) and positions > 0:
+        return positions
+    limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(limit, int) and 0 < limit < 10**7:
+        return limit
+    raise ConfigError("cannot tell the model's context length: config.max_position_embeddings is missing")
+
+
+def _stop_token_ids(model: Any, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The eos ids of the generation config and tokenizer, plus the end-of-turn tokens the vocabulary has."""
+    ids: list[int] = []
+    generation_config = getattr(model, "generation_config", None)
+    configured = getattr(generation_config, "eos_token_id", None)
+    for candidate in [*(configured if isinstance(configured, list) else [configured]), tokenizer.eos_token_id]:
+        if isinstance(candidate, int) and candidate not in ids:
+            ids.append(candidate)
+    vocab = tokenizer.get_vocab()
+    for token in _STOP_TOKENS:
+        token_id = vocab.get(token)
+        if isinstance(token_id, int) and token_id not in ids:
+            ids.append(token_id)
+    if not ids:
+        raise ConfigError("the tokenizer has no eos token and no known end-of-turn token; cannot tell when to stop")
+    return ids
+
+
+def _resolve(pending: _Pending, outcome: GenerationResult | BaseException) -> None:
+    """Hand ``outcome`` to the request's event loop (thread-safe); a cancelled request is skipped."""
+
+    def settle() -> None:
+        if pending.future.done():
+            return
+        if isinstance(outcome, BaseException):
+            pending.future.set_exception(outcome)
+        else:
+            pending.future.set_result(outcome)
+
+    with contextlib.suppress(RuntimeError):  # RuntimeError: the loop is closed, nobody is waiting
+        pending.loop.call_soon_threadsafe(settle)

@@ -1,0 +1,138 @@
+"""Tool calls out of generated text, as OpenAI ``tool_calls``. Pure: no torch, no I/O.
+
+Backends return plain text; the gateway turns the tool calls in it into the OpenAI message shape agents expect. Two
+forms are recognized:
+
+1. Tagged (Qwen2.5 / Hermes chat templates): one or more ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
+   blocks anywhere in the text. The text outside the parsed blocks stays the content. A final block whose closing
+   tag is missing (the model stopped right after the JSON) is accepted too.
+2. Bare JSON, only when the JSON makes up the whole message (surrounding whitespace aside): one object
+   ``{"name": ..., "arguments": {...}}``, several such objects one after another (e.g. one per line), or a list of
+   them, optionally inside one ```` ```json ```` fence. Prose plus JSON is NOT a tool call: the text stays content
+   (a model that explains a JSON format must not trigger a call).
+
+A block whose JSON is malformed, or is not an object with a string ``name``, is not a tool call: its text stays in
+the content unchanged. Bare objects also need an ``arguments`` key, so an answer such as ``{"name": "Ada"}`` stays
+content. ``parameters`` is accepted as another spelling of ``arguments``.
+
+``arguments`` comes out as a JSON string, as in OpenAI's API: an object is serialized (``ensure_ascii=False``), a
+string is passed through unchanged, a missing value becomes ``"{}"``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+
+_TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.DOTALL)
+_FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\n?(.*?)\n?[ \t]*```", re.DOTALL)
+
+ToolCall = dict[str, Any]
+"""``{"id": "call_<hex>", "type": "function", "function": {"name": str, "arguments": str}}``."""
+
+
+def parse_tool_calls(text: str) -> tuple[str | None, list[ToolCall]]:
+    """Split generated ``text`` into message content and OpenAI tool calls.
+
+    Args:
+        text: the decoded response (special tokens already skipped).
+
+    Returns:
+        ``(content, tool_calls)``. ``content`` is the text left once the parsed calls are removed, stripped, or
+        ``None`` when nothing is left; when no tool call is found it is ``text`` unchanged (``None`` if empty).
+        ``tool_calls`` is in order of appearance, each with a fresh random ``call_<24 hex>`` id.
+    """
+    if "<tool_call>" in text:
+        content, calls = _parse_tagged(text)
+        if calls:
+            return content, calls
+    calls = _parse_bare(text)
+    if calls:
+        return None, calls
+    return (text or None), []
+
+
+def _parse_tagged(text: str) -> tuple[str | None, list[ToolCall]]:
+    calls: list[ToolCall] = []
+    kept: list[str] = []
+    position = 0
+    for match in _TAGGED.finditer(text):
+        call = _to_tool_call(_loads(match.group(1)), require_arguments=False)
+        if call is None:
+            continue  # malformed: the block stays in the content
+        kept.append(text[position : match.start()])
+        position = match.end()
+        calls.append(call)
+    kept.append(text[position:])
+    content = "".join(kept).strip()
+    return (content or None), calls
+
+
+def _parse_bare(text: str) -> list[ToolCall]:
+    body = text.strip()
+    fenced = _FENCE.fullmatch(body)
+    if fenced is not None:
+        body = fenced.group(1).strip()
+    if not body.startswith(("{", "[")):
+        return []
+    values = _loads_sequence(body)
+    if values is None:
+        return []
+    if len(values) == 1 and isinstance(values[0], list):
+        values = values[0]
+    calls: list[ToolCall] = []
+    for value in values:
+        call = _to_tool_call(value, require_arguments=True)
+        if call is None:
+            return []  # all or nothing: a message that is partly something else is content
+        calls.append(call)
+    return calls
+
+
+def _loads(raw: str) -> Any:
+    """``json.loads`` that returns None instead of raising."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def _loads_sequence(body: str) -> list[Any] | None:
+    """Decode JSON values separated only by whitespace; None if anything else is in ``body``."""
+    decoder = json.JSONDecoder()
+    values: list[Any] = []
+    index = 0
+    while index < len(body):
+        try:
+            value, index = decoder.raw_decode(body, index)
+        except ValueError:
+            return None
+        values.append(value)
+        while index < len(body) and body[index].isspace():
+            index += 1
+    return values
+
+
+def _to_tool_call(value: Any, *, require_arguments: bool) -> ToolCall | None:
+    if not isinstance(value, dict):
+        return None
+    name = value.get("name")
+    if not isinstance(name, str) or not name:
+        return None
+    key = "arguments" if "arguments" in value else "parameters" if "parameters" in value else None
+    if key is None and require_arguments:
+        return None
+    arguments = value.get(key) if key is not None else None
+    if arguments is None:
+        arguments_json = "{}"
+    elif isinstance(arguments, str):
+        arguments_json = arguments
+    else:
+        arguments_json = json.dumps(arguments, ensure_ascii=False)
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": name, "arguments": arguments_json},
+    }

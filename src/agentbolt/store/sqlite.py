@@ -1,0 +1,540 @@
+"""``SqliteLightningStore``: the embedded default store, one SQLite file in WAL mode.
+
+Durability: ``synchronous=FULL``, so a write is on disk before its coroutine returns. Concurrency: each store object
+owns one connection, driven from one dedicated thread; coroutines hand it work with ``run_in_executor``, so the event
+loop never blocks and no lock is held across an ``await``. Every write runs in one ``BEGIN IMMEDIATE`` transaction,
+which SQLite serializes across connections and processes, so several processes may share the file and a rollout is
+never claimed twice. Schema and row mapping: :mod:`agentbolt.store.sqlite_schema`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from agentbolt.errors import AgentboltError, ConfigError, NotFoundError
+from agentbolt.store import rules
+from agentbolt.store import sqlite_schema as schema
+from agentbolt.store.base import EnqueueRequest, StoreCapabilities
+from agentbolt.types import (
+    Attempt,
+    AttemptedRollout,
+    AttemptStatus,
+    Metric,
+    Resource,
+    ResourcesUpdate,
+    Rollout,
+    RolloutConfig,
+    RolloutMode,
+    RolloutStatus,
+    Span,
+    Worker,
+)
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_CLAIMABLE = tuple(sorted(s.value for s in rules.CLAIMABLE_ROLLOUT_STATUSES))
+_ACTIVE = tuple(sorted(s.value for s in rules.ACTIVE_ATTEMPT_STATUSES))
+
+
+class SqliteLightningStore:
+    """A durable :class:`~agentbolt.store.base.LightningStore` in one SQLite file, shareable by processes.
+
+    Args:
+        path: the database file; created (with its parent folders) if missing.
+        sweep_interval_s: seconds between background checks for expired leases (also checked before every claim
+            and query). The background task starts on the first call and stops in :meth:`close`.
+        poll_interval_s: how often :meth:`wait_for_rollouts` re-reads the file, in seconds (writes by this object
+            wake waiters at once; writes by other processes are seen at the next poll).
+        busy_timeout_s: how long a write waits for another connection's write lock, in seconds.
+
+    Raises:
+        ConfigError: a non-positive interval, or a file written by a newer schema (raised on the first call).
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        sweep_interval_s: float = 0.5,
+        poll_interval_s: float = 0.1,
+        busy_timeout_s: float = 30.0,
+    ) -> None:
+        for name, value in (
+            ("sweep_interval_s", sweep_interval_s),
+            ("poll_interval_s", poll_interval_s),
+            ("busy_timeout_s", busy_timeout_s),
+        ):
+            if value <= 0:
+                raise ConfigError(f"{name} must be > 0 seconds, got {value}")
+        self.capabilities = StoreCapabilities(durable=True, shared_across_processes=True)
+        self.path = Path(path)
+        self.sweep_interval_s = sweep_interval_s
+        self.poll_interval_s = poll_interval_s
+        self.busy_timeout_s = busy_timeout_s
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentbolt-sqlite")
+        self._conn: sqlite3.Connection | None = None  # only touched on the executor thread
+        self._terminal_epoch = 0  # bumped on the executor thread whenever a rollout becomes terminal
+        self._notified_epoch = 0
+        self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # ----------------------------------------------------------------- plumbing
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            try:
+                schema.migrate(conn)
+            except BaseException:
+                conn.close()
+                raise
+            self._conn = conn
+        return self._conn
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(conn, *args)`` on the store's thread; wake waiters if a rollout became terminal."""
+        if self._closed:
+            raise AgentboltError(f"this SqliteLightningStore ({self.path}) is closed; create a new one")
+        loop = asyncio.get_running_loop()
+        task = self._sweeper
+        if task is None or task.done() or task.get_loop().is_closed():
+            self._sweeper = loop.create_task(self._sweep_forever(), name="agentbolt-sqlite-store-sweeper")
+        try:
+            return await loop.run_in_executor(self._executor, lambda: fn(self._connection(), *args))
+        finally:
+            if self._terminal_epoch != self._notified_epoch:
+                self._notified_epoch = self._terminal_epoch
+                self._wake_waiters()
+
+    def _wake_waiters(self) -> None:
+        """Wake every :meth:`wait_for_rollouts` call, on whichever event loop it waits."""
+        current = asyncio.get_running_loop()
+        for loop, event in list(self._waiters):
+            if loop is current:
+                event.set()
+            elif not loop.is_closed():
+                loop.call_soon_threadsafe(event.set)
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.sweep_interval_s)
+            try:
+                await self._run(self._expire)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a failed sweep (e.g. a busy file) is logged and retried next interval
+                logger.exception("lease sweep of %s failed", self.path)
+
+    # ----------------------------------------------------------------- flows (executor thread only)
+    def _save(self, conn: sqlite3.Connection, rollout: Rollout, attempt: Attempt | None) -> None:
+        """Write back a rollout and one of its attempts; free the attempt's worker when the attempt ended."""
+        before = conn.execute("SELECT status FROM rollouts WHERE rollout_id = ?", (rollout.rollout_id,)).fetchone()
+        schema.ROLLOUTS.put(conn, rollout)
+        if rules.is_terminal(rollout) and (before is None or RolloutStatus(before[0]) != rollout.status):
+            self._terminal_epoch += 1
+        if attempt is None:
+            return
+        schema.ATTEMPTS.put(conn, attempt)
+        if attempt.worker_id is not None:
+            worker = schema.get_worker(conn, attempt.worker_id)
+            if worker is not None:
+                schema.WORKERS.put(conn, rules.worker_after_attempt(worker, attempt))
+
+    def _expired_candidates(self, conn: sqlite3.Connection, now: float) -> list[Attempt]:
+        """Active attempts whose lease has run out at ``now`` (one indexed query; no rollout loads)."""
+        rows = conn.execute(
+            f"{schema.ATTEMPTS.select('a')}, r.config FROM attempts a JOIN rollouts r USING (rollout_id) "
+            f"WHERE a.status IN ({schema.marks(_ACTIVE)})",
+            _ACTIVE,
+        ).fetchall()
+        expired: list[Attempt] = []
+        for row in rows:
+            attempt = schema.ATTEMPTS.from_row(row[:-1])
+            if rules.expired_status(RolloutConfig.model_validate_json(row[-1]), attempt, now) is not None:
+                expired.append(attempt)
+        return expired
+
+    def _expire_locked(self, conn: sqlite3.Connection, now: float) -> None:
+        """End expired leases; the caller holds the write transaction."""
+        for attempt in self._expired_candidates(conn, now):
+            rollout = schema.get_rollout(conn, attempt.rollout_id)
+            latest = schema.latest_attempt(conn, attempt.rollout_id)
+            is_latest = latest is not None and latest.attempt_id == attempt.attempt_id
+            result = rules.expire(rollout, attempt, is_latest=is_latest, now=now)
+            if result is not None:
+                self._save(conn, *result)
+
+    def _expire(self, conn: sqlite3.Connection) -> None:
+        """End expired leases. Reads first and takes the write lock only when something has expired."""
+        now = time.time()
+        if self._expired_candidates(conn, now):
+            with schema.transaction(conn, write=True):
+                self._expire_locked(conn, now)
+
+    # ----------------------------------------------------------------- rollouts
+    async def enqueue_rollout(
+        self,
+        input: Any,
+        *,
+        mode: RolloutMode = RolloutMode.TRAIN,
+        resources_id: str | None = None,
+        config: RolloutConfig | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Rollout:
+        """Add a ``queuing`` rollout. Raises NotFoundError (unknown ``resources_id``), ConfigError (input is not
+        JSON-serializable)."""
+        request = EnqueueRequest(input=input, mode=mode, resources_id=resources_id, config=config, metadata=metadata)
+        return (await self.enqueue_many([request]))[0]
+
+    async def enqueue_many(self, requests: Sequence[EnqueueRequest]) -> list[Rollout]:
+        """Enqueue all or none, in order, in one transaction. Raises NotFoundError, ConfigError."""
+        return await self._run(self._enqueue, list(requests))
+
+    def _enqueue(self, conn: sqlite3.Connection, requests: list[EnqueueRequest]) -> list[Rollout]:
+        now = time.time()
+        rollouts = [
+            Rollout(
+                rollout_id=rules.new_rollout_id(),
+                input=r.input,
+                mode=r.mode,
+                resources_id=r.resources_id,
+                config=r.config or RolloutConfig(),
+                metadata=r.metadata or {},
+                enqueue_time=now,
+            )
+            for r in requests
+        ]
+        with schema.transaction(conn, write=True):
+            for rollout in rollouts:
+                if rollout.resources_id is not None:
+                    schema.get_resources(conn, rollout.resources_id)
+                schema.ROLLOUTS.put(conn, rollout)
+        return rollouts
+
+    async def claim_rollout(self, worker_id: str) -> AttemptedRollout | None:
+        """Lease the oldest claimable rollout to ``worker_id``; ``None`` when the queue is empty."""
+        return await self._run(self._claim, worker_id)
+
+    def _claim(self, conn: sqlite3.Connection, worker_id: str) -> AttemptedRollout | None:
+        now = time.time()
+        with schema.transaction(conn, write=True):
+            self._expire_locked(conn, now)
+            rollout = schema.ROLLOUTS.fetch_one(
+                conn, f"WHERE status IN ({schema.marks(_CLAIMABLE)}) ORDER BY enqueue_seq", _CLAIMABLE
+            )
+            if rollout is None:
+                return None
+            latest = schema.latest_resources(conn)
+            claimed, attempt = rules.claim(
+                rollout,
+                worker_id=worker_id,
+                resources_id=rollout.resources_id or (latest.resources_id if latest else None),
+                now=now,
+            )
+            self._save(conn, claimed, attempt)
+            worker = rules.worker_heartbeat(schema.get_worker(conn, worker_id), worker_id, now=now, attempt=attempt)
+            schema.WORKERS.put(conn, worker)
+        return rules.attempted(claimed, attempt)
+
+    async def update_attempt(
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        status: AttemptStatus,
+        *,
+        error: dict[str, Any] | None = None,
+        final_reward: float | None = None,
+    ) -> Attempt:
+        """Move an attempt (and, if it is the latest, its rollout). Raises NotFoundError, InvalidTransitionError,
+        ConfigError (``final_reward`` without ``succeeded``)."""
+        return await self._run(self._update_attempt, rollout_id, attempt_id, AttemptStatus(status), error, final_reward)
+
+    def _update_attempt(
+        self,
+        conn: sqlite3.Connection,
+        rollout_id: str,
+        attempt_id: str,
+        status: AttemptStatus,
+        error: dict[str, Any] | None,
+        final_reward: float | None,
+    ) -> Attempt:
+        now = time.time()
+        with schema.transaction(conn, write=True):
+            self._expire_locked(conn, now)
+            attempt = schema.get_attempt(conn, rollout_id, attempt_id)
+            latest = schema.latest_attempt(conn, rollout_id)
+            rollout, updated = rules.update_attempt(
+                schema.get_rollout(conn, rollout_id),
+                attempt,
+                status,
+                is_latest=latest is not None and latest.attempt_id == attempt_id,
+                now=now,
+                error=error,
+                final_reward=final_reward,
+            )
+            self._save(conn, rollout, updated)
+        return updated
+
+    async def cancel_rollout(self, rollout_id: str) -> Rollout:
+        """Cancel a rollout (its in-flight attempt ends ``failed``). Raises NotFoundError, InvalidTransitionError."""
+        return await self._run(self._cancel, rollout_id)
+
+    def _cancel(self, conn: sqlite3.Connection, rollout_id: str) -> Rollout:
+        now = time.time()
+        with schema.transaction(conn, write=True):
+            self._expire_locked(conn, now)
+            rollout = schema.get_rollout(conn, rollout_id)
+            cancelled, ended = rules.cancel(rollout, schema.latest_attempt(conn, rollout_id), now=now)
+            self._save(conn, cancelled, ended)
+        return cancelled
+
+    async def get_rollout(self, rollout_id: str) -> Rollout:
+        """One rollout. Raises NotFoundError."""
+        return await self._run(self._read_after_expiry, schema.get_rollout, rollout_id)
+
+    def _read_after_expiry(self, conn: sqlite3.Connection, read: Callable[..., T], *args: Any) -> T:
+        self._expire(conn)
+        with schema.transaction(conn, write=False):
+            return read(conn, *args)
+
+    async def query_rollouts(
+        self,
+        *,
+        status: Sequence[RolloutStatus] | None = None,
+        mode: RolloutMode | None = None,
+        rollout_ids: Sequence[str] | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[Rollout]:
+        """Rollouts matching every filter, in enqueue order. Raises ConfigError for a negative limit/offset."""
+        rules.check_page(limit, offset)
+        where: list[str] = []
+        params: list[Any] = []
+        for column, values in (
+            ("status", None if status is None else [RolloutStatus(s).value for s in status]),
+            ("mode", None if mode is None else [RolloutMode(mode).value]),
+            ("rollout_id", None if rollout_ids is None else list(rollout_ids)),
+        ):
+            if values is not None:
+                where.append(f"{column} IN ({schema.marks(values)})" if values else "0")
+                params.extend(values)
+        clauses = ("WHERE " + " AND ".join(where) if where else "") + " ORDER BY enqueue_seq LIMIT ? OFFSET ?"
+        params.extend([-1 if limit is None else limit, offset])
+        read = functools.partial(schema.ROLLOUTS.fetch_all, clauses=clauses, params=params)
+        return await self._run(self._read_after_expiry, read)
+
+    async def get_attempt(self, rollout_id: str, attempt_id: str) -> Attempt:
+        """One attempt. Raises NotFoundError."""
+        return await self._run(self._read_after_expiry, schema.get_attempt, rollout_id, attempt_id)
+
+    async def query_attempts(self, rollout_id: str) -> list[Attempt]:
+        """All attempts of a rollout by ``sequence_id``. Raises NotFoundError."""
+
+        def read(conn: sqlite3.Connection) -> list[Attempt]:
+            schema.get_rollout(conn, rollout_id)
+            return schema.ATTEMPTS.fetch_all(conn, "WHERE rollout_id = ? ORDER BY sequence_id", (rollout_id,))
+
+        return await self._run(self._read_after_expiry, read)
+
+    async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout_s: float | None = None) -> list[Rollout]:
+        """Wait until all listed rollouts are terminal or ``timeout_s`` seconds pass (``None``: no limit).
+
+        Returns the terminal ones, in the order asked. Raises NotFoundError for an unknown id.
+        """
+        ids = list(rollout_ids)
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + max(timeout_s, 0.0)
+
+        def read(conn: sqlite3.Connection) -> list[Rollout]:
+            found: dict[str, Rollout] = {}
+            unique = list(dict.fromkeys(ids))
+            for start in range(0, len(unique), 500):  # stay far below SQLite's bound-parameter limit
+                chunk = unique[start : start + 500]
+                rows = schema.ROLLOUTS.fetch_all(conn, f"WHERE rollout_id IN ({schema.marks(chunk)})", chunk)
+                found.update((r.rollout_id, r) for r in rows)
+            missing = [i for i in unique if i not in found]
+            if missing:
+                raise NotFoundError(
+                    f"rollouts {missing[:5]} do not exist" + (" (and more)" if len(missing) > 5 else "")
+                )
+            return [found[i] for i in ids]
+
+        event = asyncio.Event()
+        waiter = (loop, event)
+        self._waiters.add(waiter)
+        done: list[Rollout] = []
+        try:
+            while not self._closed:
+                event.clear()
+                done = [r for r in await self._run(self._read_after_expiry, read) if rules.is_terminal(r)]
+                remaining = None if deadline is None else deadline - loop.time()
+                if len(done) == len(ids) or (remaining is not None and remaining <= 0):
+                    return done
+                wait_s = self.poll_interval_s if remaining is None else min(self.poll_interval_s, remaining)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), wait_s)
+            return done
+        finally:
+            self._waiters.discard(waiter)
+
+    # ----------------------------------------------------------------- spans
+    async def add_span(self, span: Span) -> Span:
+        """Store a span with the next ``sequence_id`` of its attempt; a heartbeat too. Raises NotFoundError."""
+        return (await self.add_spans([span]))[0]
+
+    async def add_spans(self, spans: Sequence[Span]) -> list[Span]:
+        """Store spans all or nothing, in order, in one transaction. Raises NotFoundError, ConfigError (attributes
+        not JSON-serializable)."""
+        return await self._run(self._add_spans, list(spans))
+
+    def _add_spans(self, conn: sqlite3.Connection, spans: list[Span]) -> list[Span]:
+        now = time.time()
+        stored: list[Span] = []
+        next_seq: dict[tuple[str, str], int] = {}
+        with schema.transaction(conn, write=True):
+            for span in spans:
+                key = (span.rollout_id, span.attempt_id)
+                if key not in next_seq:
+                    attempt = schema.get_attempt(conn, *key)
+                    schema.ATTEMPTS.put(conn, rules.refresh_attempt(attempt, now))
+                    (last,) = conn.execute(
+                        "SELECT COALESCE(MAX(sequence_id), 0) FROM spans WHERE rollout_id = ? AND attempt_id = ?",
+                        key,
+                    ).fetchone()
+                    next_seq[key] = last + 1
+                numbered = span.model_copy(update={"sequence_id": next_seq[key]})
+                next_seq[key] += 1
+                schema.SPANS.put(conn, numbered)
+                stored.append(numbered)
+        return stored
+
+    async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
+        """Spans of one attempt (default: the latest) by ``sequence_id``. Raises NotFoundError."""
+
+        def read(conn: sqlite3.Connection) -> list[Span]:
+            if attempt_id is None:
+                schema.get_rollout(conn, rollout_id)
+                latest = schema.latest_attempt(conn, rollout_id)
+                if latest is None:
+                    return []
+                target = latest.attempt_id
+            else:
+                target = schema.get_attempt(conn, rollout_id, attempt_id).attempt_id
+            clauses = "WHERE rollout_id = ? AND attempt_id = ? ORDER BY sequence_id"
+            return schema.SPANS.fetch_all(conn, clauses, (rollout_id, target))
+
+        return await self._run(self._read, read)
+
+    def _read(self, conn: sqlite3.Connection, read: Callable[[sqlite3.Connection], T]) -> T:
+        with schema.transaction(conn, write=False):
+            return read(conn)
+
+    # ----------------------------------------------------------------- resources
+    async def add_resources(
+        self, resources: dict[str, Resource], *, metadata: dict[str, Any] | None = None
+    ) -> ResourcesUpdate:
+        """Store the next resources version (``rs-1``, ``rs-2``, ...) and make it the latest."""
+
+        def write(conn: sqlite3.Connection) -> ResourcesUpdate:
+            with schema.transaction(conn, write=True):
+                (version,) = conn.execute("SELECT COALESCE(MAX(version), 0) + 1 FROM resources").fetchone()
+                update = ResourcesUpdate(
+                    resources_id=rules.resources_id_for(version),
+                    version=version,
+                    resources=resources,
+                    create_time=time.time(),
+                    metadata=metadata or {},
+                )
+                schema.RESOURCES.put(conn, update)
+            return update
+
+        return await self._run(write)
+
+    async def get_resources(self, resources_id: str | None = None) -> ResourcesUpdate | None:
+        """One version, or the latest (``None`` when there is none). Raises NotFoundError for an unknown id."""
+        if resources_id is None:
+            return await self._run(self._read, schema.latest_resources)
+        return await self._run(self._read, functools.partial(schema.get_resources, resources_id=resources_id))
+
+    async def query_resources(self) -> list[ResourcesUpdate]:
+        """Every resources version, oldest first."""
+        return await self._run(self._read, functools.partial(schema.RESOURCES.fetch_all, clauses="ORDER BY version"))
+
+    # ----------------------------------------------------------------- workers and metrics
+    async def heartbeat(
+        self, worker_id: str, *, rollout_id: str | None = None, attempt_id: str | None = None
+    ) -> Worker:
+        """Register or refresh a worker (and an attempt's heartbeat). Raises NotFoundError, ConfigError (only
+        one of ``rollout_id``/``attempt_id`` given)."""
+        if (rollout_id is None) != (attempt_id is None):
+            raise ConfigError("heartbeat takes both rollout_id and attempt_id, or neither")
+
+        def write(conn: sqlite3.Connection) -> Worker:
+            now = time.time()
+            with schema.transaction(conn, write=True):
+                attempt = None
+                if rollout_id is not None and attempt_id is not None:
+                    attempt = rules.refresh_attempt(schema.get_attempt(conn, rollout_id, attempt_id), now)
+                    schema.ATTEMPTS.put(conn, attempt)
+                worker = rules.worker_heartbeat(schema.get_worker(conn, worker_id), worker_id, now=now, attempt=attempt)
+                schema.WORKERS.put(conn, worker)
+            return worker
+
+        return await self._run(write)
+
+    async def query_workers(self) -> list[Worker]:
+        """Every known worker, in order of first appearance."""
+        return await self._run(self._read, functools.partial(schema.WORKERS.fetch_all, clauses="ORDER BY worker_seq"))
+
+    async def add_metrics(self, metrics: Sequence[Metric]) -> None:
+        """Append training-curve points in one transaction."""
+
+        def write(conn: sqlite3.Connection) -> None:
+            with schema.transaction(conn, write=True):
+                schema.METRICS.put_many(conn, metrics)
+
+        await self._run(write)
+
+    async def query_metrics(self, name: str | None = None) -> list[Metric]:
+        """Points of one curve (or all), by ``train_step`` then insertion."""
+        where, params = ("WHERE name = ?", (name,)) if name is not None else ("", ())
+        read = functools.partial(
+            schema.METRICS.fetch_all, clauses=f"{where} ORDER BY train_step, metric_seq", params=params
+        )
+        return await self._run(self._read, read)
+
+    async def close(self) -> None:
+        """Stop the lease sweeper and close the file. The store cannot be used afterwards; closing twice is
+        harmless."""
+        if self._closed:
+            return
+        self._closed = True
+        task, self._sweeper = self._sweeper, None
+        if task is not None and not task.done():
+            task.cancel()
+            if task.get_loop() is asyncio.get_running_loop():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+        def close_conn() -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+        await asyncio.get_running_loop().run_in_executor(self._executor, close_conn)
+        self._executor.shutdown(wait=False)
+        self._wake_waiters()

@@ -1,0 +1,184 @@
+"""SQLite-only guarantees: durability across reopen, several store objects and processes on one file, the schema."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agentbolt.errors import AgentboltError, ConfigError
+from agentbolt.store import EnqueueRequest, SqliteLightningStore
+from agentbolt.store import sqlite_schema as schema
+from agentbolt.types import LLM, AttemptStatus, Metric, RolloutConfig, RolloutStatus, Span
+
+
+def _span(rollout_id: str, attempt_id: str, name: str) -> Span:
+    return Span(
+        rollout_id=rollout_id,
+        attempt_id=attempt_id,
+        span_id="00f067aa0ba902b7",
+        trace_id="4bf92f3577b34da6a3ce929d0e0e4736",
+        name=name,
+        start_time=time.time(),
+        attributes={"prompt_token_ids": [1, 2, 3], "nested": {"a": None}},
+    )
+
+
+def test_reopening_the_file_sees_everything(tmp_path: Path) -> None:
+    path = tmp_path / "nested" / "store.db"
+
+    async def write() -> tuple[str, str]:
+        store = SqliteLightningStore(path)
+        await store.add_resources({"llm": LLM(endpoint="http://127.0.0.1:9/v1", model="m")})
+        done, waiting = await store.enqueue_many([EnqueueRequest(input={"q": 1}), EnqueueRequest(input={"q": 2})])
+        claimed = await store.claim_rollout("w-1")
+        assert claimed is not None
+        await store.add_spans([_span(done.rollout_id, claimed.attempt.attempt_id, n) for n in ("a", "b")])
+        await store.update_attempt(done.rollout_id, claimed.attempt.attempt_id, AttemptStatus.SUCCEEDED, final_reward=1)
+        await store.add_metrics([Metric(name="loss", train_step=1, value=0.5, time=time.time())])
+        await store.close()
+        return done.rollout_id, waiting.rollout_id
+
+    async def read(done_id: str, waiting_id: str) -> None:
+        store = SqliteLightningStore(path)
+        try:
+            done = await store.get_rollout(done_id)
+            assert done.status is RolloutStatus.SUCCEEDED and done.final_reward == 1.0 and done.input == {"q": 1}
+            [attempt] = await store.query_attempts(done_id)
+            assert attempt.status is AttemptStatus.SUCCEEDED and attempt.resources_id == "rs-1"
+            spans = await store.query_spans(done_id)
+            assert [(s.name, s.sequence_id) for s in spans] == [("a", 1), ("b", 2)]
+            assert spans[0].attributes == {"prompt_token_ids": [1, 2, 3], "nested": {"a": None}}
+            latest = await store.get_resources()
+            assert latest is not None and latest.resources_id == "rs-1"
+            assert [w.worker_id for w in await store.query_workers()] == ["w-1"]
+            assert [m.value for m in await store.query_metrics("loss")] == [0.5]
+            newer = await store.enqueue_rollout({"q": 3})
+            assert [r.rollout_id for r in await store.query_rollouts()][-1] == newer.rollout_id
+            claimed = await store.claim_rollout("w-2")
+            assert claimed is not None and claimed.rollout.rollout_id == waiting_id
+            assert (await store.add_resources({})).resources_id == "rs-2"
+        finally:
+            await store.close()
+
+    ids = asyncio.run(write())
+    asyncio.run(read(*ids))
+
+
+def test_two_store_objects_on_one_file_never_share_a_claim(tmp_path: Path) -> None:
+    async def main() -> None:
+        path = tmp_path / "shared.db"
+        first, second = SqliteLightningStore(path), SqliteLightningStore(path)
+        try:
+            await first.enqueue_many([EnqueueRequest(input=i) for i in range(20)])
+            claims = [store.claim_rollout(f"w-{i}") for i in range(20) for store in (first, second)]
+            results = [r for r in await asyncio.gather(*claims) if r is not None]
+            assert sorted(r.rollout.input for r in results) == list(range(20))
+            # a rollout finished through one object is seen (and waited for) through the other
+            rollout_id = results[0].rollout.rollout_id
+            await second.update_attempt(rollout_id, results[0].attempt.attempt_id, AttemptStatus.SUCCEEDED)
+            [seen] = await first.wait_for_rollouts([rollout_id], timeout_s=2)
+            assert seen.status is RolloutStatus.SUCCEEDED
+        finally:
+            await first.close()
+            await second.close()
+
+    asyncio.run(main())
+
+
+_CLAIMER = """
+import asyncio, sys
+from agentbolt.store import SqliteLightningStore
+
+async def main():
+    store = SqliteLightningStore(sys.argv[1])
+    got = []
+    while (claimed := await store.claim_rollout(sys.argv[2])) is not None:
+        got.append(claimed.rollout.rollout_id)
+    await store.close()
+    print(" ".join(got))
+
+asyncio.run(main())
+"""
+
+
+def test_two_processes_never_share_a_claim(tmp_path: Path) -> None:
+    path = tmp_path / "procs.db"
+
+    async def enqueue() -> list[str]:
+        store = SqliteLightningStore(path)
+        rollouts = await store.enqueue_many([EnqueueRequest(input=i) for i in range(40)])
+        await store.close()
+        return [r.rollout_id for r in rollouts]
+
+    ids = asyncio.run(enqueue())
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _CLAIMER, str(path), f"w-{i}"], stdout=subprocess.PIPE, text=True)
+        for i in range(2)
+    ]
+    outputs = [p.communicate(timeout=60)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    claimed = [rollout_id for out in outputs for rollout_id in out.split()]
+    assert sorted(claimed) == sorted(ids)  # every rollout claimed exactly once
+
+
+def test_schema_matches_tables_and_is_applied_once(tmp_path: Path) -> None:
+    path = tmp_path / "schema.db"
+
+    async def open_and_close() -> int:
+        store = SqliteLightningStore(path)
+        await store.query_rollouts()
+        synchronous = await store._run(lambda conn: conn.execute("PRAGMA synchronous").fetchone()[0])
+        await store.close()
+        return synchronous
+
+    assert asyncio.run(open_and_close()) == 2  # FULL
+    assert asyncio.run(open_and_close()) == 2
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(schema.MIGRATIONS[-1].version,)]
+        for table in schema.TABLES:
+            columns = {row[1] for row in conn.execute(f"PRAGMA table_info({table.name})")}
+            assert set(table.columns) <= columns, f"{table.name} lacks {set(table.columns) - columns}"
+        conn.execute("INSERT INTO schema_version (version, applied_time) VALUES (999, 0)")
+        conn.commit()
+    finally:
+        conn.close()
+
+    with pytest.raises(ConfigError, match="schema version 999"):
+        asyncio.run(open_and_close())
+
+
+def test_input_that_is_not_json_is_refused(tmp_path: Path) -> None:
+    async def main() -> None:
+        store = SqliteLightningStore(tmp_path / "s.db")
+        try:
+            with pytest.raises(ConfigError, match="JSON"):
+                await store.enqueue_rollout(object())
+            assert await store.query_rollouts() == []
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+
+
+def test_closed_store_refuses_calls_and_rejects_bad_settings(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="poll_interval_s"):
+        SqliteLightningStore(tmp_path / "s.db", poll_interval_s=0)
+
+    async def main() -> None:
+        store = SqliteLightningStore(tmp_path / "s.db", sweep_interval_s=0.01)
+        await store.enqueue_rollout("x", config=RolloutConfig())
+        await asyncio.sleep(0.05)  # let the sweeper run a few times
+        await store.close()
+        await store.close()
+        with pytest.raises(AgentboltError, match="closed"):
+            await store.query_rollouts()
+
+    asyncio.run(main())

