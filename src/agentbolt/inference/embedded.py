@@ -50,7 +50,8 @@ from transformers import (
 
 from agentbolt.errors import BackendError, ConfigError
 from agentbolt.inference.base import GenerationRequest, GenerationResult
-from agentbolt.inference.model_files import MODEL_SPECS, prepare_model
+from agentbolt.inference.chat_format import normalize_messages, tools_in_system_message
+from agentbolt.inference.model_files import MARKER_FILE, MODEL_SPECS, prepare_model
 
 logger = logging.getLogger(__name__)
 
@@ -260,7 +261,8 @@ class EmbeddedBackend:
                 to fill a batch.
             num_threads: torch intra-op threads (``torch.set_num_threads``); default ``os.cpu_count()``.
             cache_dir: where embedded models are prepared (see ``prepare_model``).
-            model_name: the served name; default ``name_or_path``.
+            model_name: the served name; default the embedded model's name (also for a directory made by
+                ``prepare_model``), else the directory's name.
 
         Raises:
             ConfigError: unknown model name, or a device that is not available.
@@ -290,7 +292,7 @@ class EmbeddedBackend:
         return cls(
             model,
             tokenizer,
-            model_name=model_name or name,
+            model_name=model_name or _served_name(name, path),
             device=device,
             max_batch_size=max_batch_size,
             batch_wait_s=batch_wait_s,
@@ -322,8 +324,8 @@ class EmbeddedBackend:
     def encode_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         """The exact prompt ids for ``messages``: the chat template with the generation prompt, applied once.
 
-        OpenAI messages are adapted first (:func:`normalize_messages`); when the template cannot render tools or
-        tool calls, they are written in the Hermes/Qwen text form instead.
+        OpenAI messages are adapted first (``chat_format.normalize_messages``); when the template cannot render
+        tools or tool calls, they are written in the Hermes/Qwen text form instead.
 
         Raises:
             ConfigError: the template rejects the messages.
@@ -331,7 +333,7 @@ class EmbeddedBackend:
         chat = normalize_messages(messages, inline_tool_calls=not self._template_renders_tool_calls)
         template_tools: list[Any] | None = list(tools) if tools else None
         if template_tools and not self._template_renders_tools:
-            chat = _tools_in_system_message(chat, template_tools)
+            chat = tools_in_system_message(chat, template_tools)
             template_tools = None
         try:
             encoded = self.tokenizer.apply_chat_template(
@@ -476,17 +478,17 @@ class EmbeddedBackend:
         first = batch[0].request
         greedy = first.temperature <= 0
         temperature = 1.0 if greedy else first.temperature
+        # Every setting that changes the distribution is explicit, so the model's generation_config.json
+        # (repetition_penalty, top_k...) cannot change what the recorded logprobs describe.
+        sampling: dict[str, Any] = {} if greedy else {"temperature": temperature, "top_p": first.top_p, "top_k": 0}
         generation_config = GenerationConfig(
             max_new_tokens=int(max_tokens_B.max()),
             do_sample=not greedy,
-            temperature=temperature,
-            top_p=first.top_p,
-            top_k=0,
-            min_p=None,
             repetition_penalty=1.0,
             eos_token_id=list(self.stop_token_ids),
             pad_token_id=self.pad_token_id,
             return_dict_in_generate=True,
+            **sampling,
         )
         recorder = _SamplingLogprobs(temperature)
         model = self.model
@@ -548,81 +550,15 @@ class EmbeddedBackend:
 # ---------------------------------------------------------------------- pure helpers
 
 
-def normalize_messages(messages: list[dict[str, Any]], *, inline_tool_calls: bool = False) -> list[dict[str, Any]]:
-    """Adapt OpenAI chat messages to what Hugging Face chat templates render.
-
-    - ``content: None`` becomes ``""``; a list of content parts becomes the concatenation of its text parts.
-    - ``tool_calls[].function.arguments`` given as a JSON string (OpenAI's form) becomes the decoded object: the
-      Qwen2.5 template writes ``arguments | tojson``, so a string would be rendered as a quoted string. A string that
-      is not a JSON object is left as is.
-    - With ``inline_tool_calls`` (templates that ignore ``tool_calls``, e.g. SmolLM2's), each call is appended to
-      the content as ``<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>`` and ``tool_calls`` is dropped.
-
-    The input is not modified.
-    """
-    normalized: list[dict[str, Any]] = []
-    for message in messages:
-        out = {key: value for key, value in message.items() if value is not None or key == "content"}
-        out["content"] = _content_text(message.get("content"))
-        calls = [_normalize_tool_call(call) for call in (message.get("tool_calls") or [])]
-        out.pop("tool_calls", None)
-        if calls and inline_tool_calls:
-            blocks = [
-                "<tool_call>\n"
-                + json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]})
-                + "\n</tool_call>"
-                for c in calls
-            ]
-            out["content"] = "\n".join(([out["content"]] if out["content"] else []) + blocks)
-        elif calls:
-            out["tool_calls"] = calls
-        normalized.append(out)
-    return normalized
-
-
-def _content_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict) and "text" in part)
-    return str(content)
-
-
-def _normalize_tool_call(call: dict[str, Any]) -> dict[str, Any]:
-    function = dict(call.get("function") or {})
-    arguments = function.get("arguments")
-    if isinstance(arguments, str):
-        try:
-            decoded = json.loads(arguments) if arguments.strip() else {}
-        except ValueError:
-            decoded = None
-        if isinstance(decoded, dict):
-            function["arguments"] = decoded
-    elif arguments is None:
-        function["arguments"] = {}
-    out = {key: value for key, value in call.items() if key != "function"}
-    out["type"] = call.get("type") or "function"
-    out["function"] = function
-    return out
-
-
-def _tools_in_system_message(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """For templates without tool support: describe ``tools`` in the system message, asking for tagged calls in
-    the format :func:`~agentbolt.server.gateway.toolcalls.parse_tool_calls` reads."""
-    listing = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
-    section = (
-        "# Tools\n\nYou can call these functions (JSON signatures):\n<tools>\n"
-        f"{listing}\n</tools>\n\nTo call one, answer with its name and arguments as JSON inside tags:\n"
-        '<tool_call>\n{"name": "<function name>", "arguments": {<arguments as a JSON object>}}\n</tool_call>'
-    )
-    out = [dict(m) for m in messages]
-    if out and out[0].get("role") == "system":
-        out[0]["content"] = f"{out[0]['content']}\n\n{section}" if out[0]["content"] else section
-    else:
-        out.insert(0, {"role": "system", "content": section})
-    return out
+def _served_name(name: str, path: Path) -> str:
+    """``name`` if it is an embedded model, else the name in a ``prepare_model`` marker, else the directory name."""
+    if name in MODEL_SPECS:
+        return name
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        marked = json.loads((path / MARKER_FILE).read_text()).get("name")
+        if isinstance(marked, str) and marked:
+            return marked
+    return path.name
 
 
 def _check_sampling(request: GenerationRequest) -> None:

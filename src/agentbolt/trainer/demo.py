@@ -7,6 +7,8 @@ the agent in ``examples/calc_agent`` against the gateway. Outputs: ``store.db``,
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import json
 import logging
 import resource
@@ -127,6 +129,7 @@ async def run_demo(config: DemoConfig, console: Console | None = None) -> dict[s
     tasks_mod = _load_example()
 
     from agentbolt.algorithms.rl.torch_backend import TorchPolicyTrainer, TorchTrainerConfig, attach_lora
+    from agentbolt.algorithms.rl.weight_sync import load_weights, merged_lora_weights
     from agentbolt.inference.embedded import EmbeddedBackend
     from agentbolt.inference.model_files import prepare_model
     from agentbolt.runner.processes import start_runner_processes
@@ -146,10 +149,15 @@ async def run_demo(config: DemoConfig, console: Console | None = None) -> dict[s
     with console.status("preparing the embedded model (first run converts the GGUF once)"):
         model_dir = prepare_model(config.model)
         backend = EmbeddedBackend.load(model_dir, max_batch_size=config.max_batch_size)
+        # The policy is a copy of the served model with LoRA adapters; after each update its merged weights are
+        # written into the served model (serving through peft's LoRA layers is ~5x slower on CPU).
         trainer_config = TorchTrainerConfig()
-        policy = attach_lora(backend.model, trainer_config)
-        backend.set_model(policy, "base")
+        policy = attach_lora(copy.deepcopy(backend.model), trainer_config)
         updater = TorchPolicyTrainer(policy, trainer_config, pad_token_id=backend.pad_token_id)
+
+        def sync_weights() -> None:
+            load_weights(backend.model, merged_lora_weights(policy))
+
     model_s = time.perf_counter() - t_start
 
     store = SqliteLightningStore(db_path)
@@ -173,7 +181,7 @@ async def run_demo(config: DemoConfig, console: Console | None = None) -> dict[s
                 config.agent, url, n_processes=config.runner_processes, concurrency=config.runner_concurrency
             )
             try:
-                trainer = RLTrainer(store, backend, updater, config.grpo, gateway_url=url)
+                trainer = RLTrainer(store, backend, updater, config.grpo, gateway_url=url, sync_weights=sync_weights)
                 n_val = sum(len(v) for v in val_sets.values())
                 with progress:
                     t0 = time.perf_counter()
@@ -200,10 +208,19 @@ async def run_demo(config: DemoConfig, console: Console | None = None) -> dict[s
                     )
                     eval_after_s = time.perf_counter() - t1
             finally:
-                pool.stop()
+                # In a thread: joining blocks, and the server on this loop must keep answering the runners.
+                await asyncio.to_thread(pool.stop)
         n_rollouts = len(await store.query_rollouts())
         train_reward = [s.reward_mean for s in steps]
-        counters = backend.stats() if hasattr(backend, "stats") else {}
+        gen = backend.stats
+        counters = {
+            "generated_tokens": gen.generated_tokens,
+            "generation_s": gen.generation_s,
+            "tokens_per_s": gen.tokens_per_s,
+            "requests": gen.requests,
+            "batches": gen.batches,
+            "mean_batch_size": gen.mean_batch_size,
+        }
         summary = {
             "steps": config.grpo.steps,
             "train_reward": train_reward,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import statistics
 import time
@@ -79,6 +80,9 @@ class RLTrainer:
         updater: the trainer backend that owns the policy's trainable weights.
         config: run settings.
         gateway_url: root URL of the server, put into the ``LLM`` resource.
+        sync_weights: called after each update, with the backend paused, to publish the new weights to the
+            serving model (e.g. merged LoRA weights, see :mod:`agentbolt.algorithms.rl.weight_sync`). ``None``
+            when the backend serves the trained module itself.
     """
 
     def __init__(
@@ -89,8 +93,10 @@ class RLTrainer:
         config: GRPOConfig,
         *,
         gateway_url: str,
+        sync_weights: Callable[[], object] | None = None,
     ) -> None:
         self.store = store
+        self.sync_weights = sync_weights
         self.backend = backend
         self.updater = updater
         self.config = config
@@ -255,7 +261,12 @@ class RLTrainer:
 
     def _update(self, samples: list[TrainingSample]) -> dict[str, float]:
         with self.backend.paused():
-            return self.updater.train_step(samples)
+            stats = dict(self.updater.train_step(samples))
+            if self.sync_weights is not None:
+                t0 = time.perf_counter()
+                self.sync_weights()
+                stats["weight_sync_s"] = time.perf_counter() - t0
+        return stats
 
     @staticmethod
     def _metrics(result: StepResult) -> list[Metric]:
@@ -270,4 +281,9 @@ class RLTrainer:
             "n_transitions": float(result.n_transitions),
         }
         values.update({f"update_{k}": float(v) for k, v in result.update_stats.items()})
-        return [Metric(name=k, train_step=result.train_step, value=v, time=now) for k, v in values.items()]
+        # Non-finite values (e.g. a KL estimate of a step that trained nothing) are not curve points.
+        return [
+            Metric(name=k, train_step=result.train_step, value=v, time=now)
+            for k, v in values.items()
+            if math.isfinite(v)
+        ]

@@ -152,5 +152,5 @@ class Metric(BaseModel):
 
     name: str
     train_step: int
-    value: float
+    value: float = Field(allow_inf_nan=False)
     time: float

@@ -1,9 +1,11 @@
 """The ``torch`` trainer backend: LoRA policy-gradient steps on one device (CPU or one GPU) with transformers + peft.
 
-The model is shared with the embedded inference backend: :func:`attach_lora` injects LoRA layers into the *same*
-module objects (no weight copy), so the next generation after :meth:`TorchPolicyTrainer.train_step` already samples
-from the updated policy. Between steps the model stays in ``eval()`` mode with ``requires_grad`` only on LoRA
-parameters. The caller must not generate while a step runs (train mode, weights changing).
+:func:`attach_lora` injects LoRA layers into the given model in place (no weight copy). The caller either serves
+generation from that same model, so the next generation after :meth:`TorchPolicyTrainer.train_step` samples from
+the updated policy, or serves a plain copy and writes merged weights into it after each step
+(:mod:`agentbolt.algorithms.rl.weight_sync`, faster on CPU). Between steps the model stays in ``eval()`` mode with
+``requires_grad`` only on LoRA parameters. Nobody may generate from the trained model while a step runs (train mode,
+weights changing).
 
 One ``train_step``:
 
@@ -69,12 +71,16 @@ class TorchTrainerConfig(BaseModel):
             importance ratio differ from 1 before any update).
         lora_target_modules: module names that get LoRA adapters.
         micro_batch_tokens: budget of one right-padded micro-batch, ``rows * longest sequence`` (a longer sequence
-            gets a micro-batch of its own).
+            gets a micro-batch of its own). Activation memory grows linearly with it: measured ~1.2 MB per token for
+            SmolLM2-135M in bf16 (peft keeps float32 copies of each adapted layer's input), ~2 MB estimated for
+            Qwen2.5-0.5B, so the default 2048 needs ~2.5-4.5 GB on a CPU. Raise it on a GPU; lower it, or turn on
+            ``gradient_checkpointing`` (measured -30% peak), on a small laptop.
         clip_low / clip_high: PPO-clip bounds ``[1 - clip_low, 1 + clip_high]`` (DAPO clip-higher defaults,
             arXiv:2503.14476).
         loss_aggregation: ``token_mean`` (DAPO) or ``sequence_mean`` (GRPO), see :func:`ppo_clip_loss`.
         logprob_chunk_tokens: positions per ``lm_head`` + log-softmax chunk (memory vs. speed).
-        gradient_checkpointing: recompute decoder activations in the backward (less memory, ~30% more compute).
+        gradient_checkpointing: recompute decoder activations in the backward (less memory, about one more forward
+            of compute).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -86,7 +92,7 @@ class TorchTrainerConfig(BaseModel):
     lora_alpha: int = Field(default=32, ge=1)
     lora_dropout: float = 0.0
     lora_target_modules: tuple[str, ...] = DEFAULT_LORA_TARGET_MODULES
-    micro_batch_tokens: int = Field(default=4096, ge=1)
+    micro_batch_tokens: int = Field(default=2048, ge=1)
     clip_low: float = Field(default=0.2, ge=0, lt=1)
     clip_high: float = Field(default=0.28, ge=0)
     loss_aggregation: Aggregation = "token_mean"
@@ -114,8 +120,8 @@ class TorchTrainerConfig(BaseModel):
 def attach_lora(model: PreTrainedModel, config: TorchTrainerConfig) -> PeftModel:
     """Inject LoRA adapters into ``model`` in place and return the ``PeftModel`` wrapping it.
 
-    No weight is copied: ``model`` itself now holds the LoRA layers, so the embedded inference backend may keep
-    generating with ``model`` or with the returned wrapper. The result is in ``eval()`` mode with
+    No weight is copied: ``model`` itself now holds the LoRA layers, so generating with ``model`` or with the
+    returned wrapper samples from the LoRA policy. The result is in ``eval()`` mode with
     ``requires_grad`` on the LoRA parameters only; adapters are kept in float32 (peft's default for a bf16/fp16
     base), and LoRA ``B`` starts at 0, so the policy is unchanged until the first step.
 
@@ -154,12 +160,14 @@ def save_adapter(model: PeftModel, path: str | Path) -> Path:
     """
     directory = Path(path)
     directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(directory))
+    # save_embedding_layers=False: embeddings are never adapted here (and peft would look up the base model's hub
+    # config to decide)
+    model.save_pretrained(str(directory), save_embedding_layers=False)
     return directory
 
 
 class TorchPolicyTrainer:
-    """PPO-clip LoRA updates of a model shared with the embedded inference backend (see the module docstring).
+    """PPO-clip LoRA updates of a model built by :func:`attach_lora` (see the module docstring).
 
     Args:
         model: a model returned by :func:`attach_lora`.
@@ -205,7 +213,9 @@ class TorchPolicyTrainer:
             ``n_skipped_no_loss_tokens``, ``n_tokens`` (non-padding tokens forwarded), ``n_loss_tokens``,
             ``n_padding_tokens``, ``n_micro_batches``, ``tokens_per_s``, ``train_step_s``, ``learning_rate``,
             ``peak_rss_bytes`` (process peak resident memory so far) and, on CUDA, ``peak_device_memory_bytes``.
-            When every sample has advantage 0 the step is skipped and the counts are returned.
+            The keys are the same whether or not a step was taken. When no sample is left (every advantage is 0)
+            nothing runs: ``stepped`` is 0 and the measured-only values (``approx_kl``, ``clip_fraction``,
+            ``ratio_mean``, ``grad_norm``) are ``nan``. A non-finite gradient norm also gives ``stepped`` 0.
         """
         start = time.perf_counter()
         if self.device.type == "cuda":
@@ -220,7 +230,20 @@ class TorchPolicyTrainer:
             "learning_rate": self.config.learning_rate,
         }
         if not kept:
-            stats.update(stepped=0.0, loss=0.0, grad_norm=math.nan, n_tokens=0.0, n_loss_tokens=0.0)
+            nothing = {
+                "loss": 0.0,
+                "n_tokens": 0.0,
+                "n_loss_tokens": 0.0,
+                "n_padding_tokens": 0.0,
+                "n_micro_batches": 0.0,
+            }
+            not_measured = {
+                "approx_kl": math.nan,
+                "clip_fraction": math.nan,
+                "ratio_mean": math.nan,
+                "grad_norm": math.nan,
+            }
+            stats.update(stepped=0.0, **nothing, **not_measured)
             return self._finish(stats, start, n_tokens=0)
 
         total_loss_tokens = sum(s.n_loss_tokens for s in kept)

@@ -100,24 +100,25 @@ async def chat_completions(rollout_id: str, attempt_id: str, body: ChatCompletio
     }
     if body.tools:
         attributes[semconv.LLM_REQUEST_TOOLS] = body.tools
-    span = Span(
-        rollout_id=rollout_id,
-        attempt_id=attempt_id,
-        span_id=new_span_id(),
-        trace_id=new_trace_id(),
-        name=semconv.SPAN_LLM_CALL,
-        start_time=start,
-        attributes=attributes,
-    )
+    def make_span(status: SpanStatus) -> Span:
+        return Span(
+            rollout_id=rollout_id,
+            attempt_id=attempt_id,
+            span_id=new_span_id(),
+            trace_id=new_trace_id(),
+            name=semconv.SPAN_LLM_CALL,
+            start_time=start,
+            end_time=time.time(),
+            attributes=attributes,
+            status=status,
+        )
+
     try:
         result = await backend.generate(gen_request)
     except AgentboltError as exc:
         attributes[semconv.LLM_TRAINABLE] = False
         attributes[semconv.LLM_ERROR] = f"{type(exc).__name__}: {exc}"
-        failed = span.model_copy(
-            update={"end_time": time.time(), "status": SpanStatus(code="ERROR", description=str(exc))}
-        )
-        await store.add_span(failed)
+        await store.add_span(make_span(SpanStatus(code="ERROR", description=str(exc))))
         status = 400 if isinstance(exc, ConfigError) else exc.http_status
         return _openai_error(status, type(exc).__name__, str(exc))
 
@@ -138,7 +139,7 @@ async def chat_completions(rollout_id: str, attempt_id: str, body: ChatCompletio
             semconv.LLM_TRAINABLE: True,
         }
     )
-    await store.add_span(span.model_copy(update={"end_time": time.time(), "status": SpanStatus(code="OK")}))
+    await store.add_span(make_span(SpanStatus(code="OK")))
     return {
         "id": response_id,
         "object": "chat.completion",

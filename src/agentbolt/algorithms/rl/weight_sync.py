@@ -1,0 +1,61 @@
+"""Weight sync from the LoRA-trained policy to the serving model.
+
+Generating through peft's LoRA layers costs about 5x the plain model on this CPU (measured: SmolLM2-135M, batch 4,
+15.0 vs 2.9 tok/s): every target linear adds two small matmuls, casts and an add per token. So the embedded backend
+serves a plain copy of the model, and after each update the trainer writes merged weights into it:
+``W = W0 + scaling * (B @ A)`` for every LoRA layer (Hu et al. 2021, arXiv:2106.09685, eq. 3), computed in float32
+from the frozen base weight ``W0`` and cast to the serving dtype. The trainer's own base weights are never touched,
+so no rounding accumulates over steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def merged_lora_weights(peft_model: Any) -> dict[str, torch.Tensor]:
+    """Merged weight of every LoRA-wrapped linear, keyed by its name in the plain (non-peft) model.
+
+    Args:
+        peft_model: a ``peft.PeftModel`` with one active LoRA adapter.
+
+    Returns:
+        ``{"model.layers.0.self_attn.q_proj.weight": W, ...}``; each ``W`` has the base weight's shape and dtype.
+    """
+    from peft.tuners.lora import LoraLayer
+
+    base = peft_model.get_base_model()
+    merged: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for name, module in base.named_modules():
+            if not isinstance(module, LoraLayer):
+                continue
+            base_layer = module.get_base_layer()
+            weight = base_layer.weight
+            delta = torch.zeros_like(weight, dtype=torch.float32)
+            for adapter in module.active_adapters:
+                if adapter in module.lora_A:
+                    delta += module.get_delta_weight(adapter).float()
+            merged[f"{name}.weight"] = (weight.float() + delta).to(weight.dtype)
+    return merged
+
+
+def load_weights(serving_model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> int:
+    """Copy ``weights`` into ``serving_model``'s parameters in place; returns how many tensors were copied.
+
+    Raises:
+        KeyError: a name that the serving model does not have (the two models are not the same architecture).
+        ValueError: a shape mismatch.
+    """
+    params = dict(serving_model.named_parameters())
+    with torch.no_grad():
+        for name, tensor in weights.items():
+            if name not in params:
+                raise KeyError(f"serving model has no parameter {name!r}; is it the same architecture as the policy?")
+            target = params[name]
+            if target.shape != tensor.shape:
+                raise ValueError(f"{name}: serving shape {tuple(target.shape)} != policy shape {tuple(tensor.shape)}")
+            target.copy_(tensor.to(target.device, target.dtype))
+    return len(weights)
