@@ -413,7 +413,8 @@ def test_episode_malformed_calls_get_error_results() -> None:
 
 def test_episode_calls_beyond_budget_are_not_executed() -> None:
     model = ScriptedModel([_completion(None, [_call("1+1"), _call("2+2")]), _completion("Answer: B")])
-    episode = run_episode(model, _task("B"), model="m", config=CalcAgentConfig(max_tool_calls=1, final_answer_turn=True))
+    config = CalcAgentConfig(max_tool_calls=1, final_answer_turn=True)
+    episode = run_episode(model, _task("B"), model="m", config=config)
     tool_messages = [m for m in episode.messages if m["role"] == "tool"]
     assert tool_messages[0]["content"] == "2"
     assert tool_messages[1]["content"].startswith("Error: no calculator calls left")

@@ -32,12 +32,12 @@ def merged_lora_weights(peft_model: Any) -> dict[str, torch.Tensor]:
         for name, module in base.named_modules():
             if not isinstance(module, LoraLayer):
                 continue
-            base_layer = module.get_base_layer()
-            weight = base_layer.weight
+            layer: Any = module
+            weight: torch.Tensor = layer.get_base_layer().weight
             delta = torch.zeros_like(weight, dtype=torch.float32)
-            for adapter in module.active_adapters:
-                if adapter in module.lora_A:
-                    delta += module.get_delta_weight(adapter).float()
+            for adapter in layer.active_adapters:
+                if adapter in layer.lora_A:
+                    delta += layer.get_delta_weight(adapter).float()
             merged[f"{name}.weight"] = (weight.float() + delta).to(weight.dtype)
     return merged
 

@@ -100,6 +100,7 @@ async def chat_completions(rollout_id: str, attempt_id: str, body: ChatCompletio
     }
     if body.tools:
         attributes[semconv.LLM_REQUEST_TOOLS] = body.tools
+
     def make_span(status: SpanStatus) -> Span:
         return Span(
             rollout_id=rollout_id,
