@@ -33,7 +33,7 @@ class GRPOConfig(_Config):
     tasks_per_step: int = Field(default=4, ge=1)
     group_size: int = Field(default=4, ge=1)
     temperature: float = Field(default=1.0, gt=0)
-    max_tokens: int = Field(default=160, ge=1)
+    max_tokens: int = Field(default=96, ge=1)
     eval_temperature: float = Field(default=0.0, ge=0)
     credit_assignment: str = "broadcast"
     advantage_estimator: str = "grpo"

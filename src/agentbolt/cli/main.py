@@ -65,12 +65,12 @@ def serve(
 
 @app.command()
 def demo(
-    steps: int = typer.Option(6, help="GRPO steps"),
+    steps: int = typer.Option(4, help="GRPO steps"),
     out: Path = typer.Option(Path("runs/demo"), help="output directory"),
     model: str = typer.Option("qwen2.5-0.5b", help="embedded model: qwen2.5-0.5b or smollm2-135m"),
     tasks_per_step: int = typer.Option(4, help="distinct tasks per step"),
     group_size: int = typer.Option(4, help="rollouts per task (GRPO group)"),
-    val_size: int = typer.Option(16, help="tasks per validation set"),
+    val_size: int = typer.Option(8, help="tasks per validation set"),
     overwrite: bool = typer.Option(False, help="replace an existing OUT/store.db"),
     seed: int = typer.Option(0, help="task sampling seed"),
 ) -> None:

@@ -42,6 +42,7 @@ class DemoConfig(_Config):
         val_size: tasks per validation set (``None``: whole set).
         runner_processes / runner_concurrency: runner fan-out (processes x rollouts at once each).
         max_batch_size: gateway batch limit of the embedded backend.
+        learning_rate: AdamW learning rate of the LoRA update.
         overwrite: replace an existing ``store.db`` in ``out_dir`` instead of refusing.
         agent: the agent as ``module:attribute``.
     """
@@ -50,7 +51,8 @@ class DemoConfig(_Config):
     model: str = "qwen2.5-0.5b"
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     train_size: int = 512
-    val_size: int | None = 16
+    val_size: int | None = 8
+    learning_rate: float = Field(default=2e-4, gt=0)
     runner_processes: int = 2
     runner_concurrency: int = 8
     max_batch_size: int = 16
@@ -151,7 +153,7 @@ async def run_demo(config: DemoConfig, console: Console | None = None) -> dict[s
         backend = EmbeddedBackend.load(model_dir, max_batch_size=config.max_batch_size)
         # The policy is a copy of the served model with LoRA adapters; after each update its merged weights are
         # written into the served model (serving through peft's LoRA layers is ~5x slower on CPU).
-        trainer_config = TorchTrainerConfig()
+        trainer_config = TorchTrainerConfig(learning_rate=config.learning_rate)
         policy = attach_lora(copy.deepcopy(backend.model), trainer_config)
         updater = TorchPolicyTrainer(policy, trainer_config, pad_token_id=backend.pad_token_id)
 
