@@ -260,8 +260,8 @@ def test_run_tool_call_outcomes() -> None:
 @pytest.mark.parametrize(
     ("facts", "expected", "total"),
     [
-        # no call, correct answer: answer_line 0.25 + correct 1.0
-        (EpisodeFacts(answered=True, correct=True), [0.0, 0.0, 0.25, 1.0], 1.25),
+        # no call, correct answer: no answer_line credit without a tool result, so correct 1.0 only
+        (EpisodeFacts(answered=True, correct=True), [0.0, 0.0, 0.0, 1.0], 1.0),
         # one good call, correct answer: 0.1 + 0.1 + 0.25 + 1.0
         (EpisodeFacts(1, 1, 1, answered=True, correct=True), [0.1, 0.1, 0.25, 1.0], 1.45),
         # one good call, wrong answer: 0.1 + 0.1 + 0.25
@@ -272,8 +272,8 @@ def test_run_tool_call_outcomes() -> None:
         (EpisodeFacts(3, 3, 3, answered=True, forced_answer=True, correct=True), [0.1, 0.1, 0.0, 1.0], 1.2),
         # malformed call (wrong name / bad JSON), no answer
         (EpisodeFacts(1, 0, 0), [0.0, 0.0, 0.0, 0.0], 0.0),
-        # malformed call, then a wrong answer
-        (EpisodeFacts(2, 0, 0, answered=True), [0.0, 0.0, 0.25, 0.0], 0.25),
+        # malformed call, then a wrong answer: no tool result, so no answer_line credit
+        (EpisodeFacts(2, 0, 0, answered=True), [0.0, 0.0, 0.0, 0.0], 0.0),
         # well-formed call whose expression failed, no answer
         (EpisodeFacts(1, 1, 0), [0.1, 0.0, 0.0, 0.0], 0.1),
     ],
@@ -286,8 +286,9 @@ def test_compute_reward(facts: EpisodeFacts, expected: list[float], total: float
 
 
 def test_reward_orderings_hold_for_every_combination() -> None:
-    """Right beats wrong always; answering on its own beats any unanswered or forced-wrong rollout."""
-    right, wrong, own_answer, no_answer = [], [], [], []
+    """Right beats wrong always; after a tool result, answering on its own beats not answering or a forced answer;
+    a wrong guess without the tool earns less than using the tool (so guessing is not a local optimum)."""
+    right, wrong, own_after_tool, not_own_after_tool, wrong_guess, tool_used = [], [], [], [], [], []
     for wf, ok, answered, forced, correct in itertools.product(
         [0, 1], [0, 1], [False, True], [False, True], [False, True]
     ):
@@ -296,12 +297,20 @@ def test_reward_orderings_hold_for_every_combination() -> None:
         facts = EpisodeFacts(max(wf, 1), wf, ok, answered=answered, forced_answer=forced, correct=correct)
         total = sum(compute_reward(facts).values())
         (right if correct else wrong).append(total)
-        if answered and not forced:
-            own_answer.append(total)
-        elif not correct:
-            no_answer.append(total)
+        if ok:
+            tool_used.append(total)
+            if answered and not forced:
+                own_after_tool.append((correct, total))
+            elif not answered or forced:
+                not_own_after_tool.append((correct, total))
+    guess = EpisodeFacts(answered=True)
+    wrong_guess.append(sum(compute_reward(guess).values()))
     assert min(right) > max(wrong)
-    assert min(own_answer) > max(no_answer)
+    for correct in (False, True):
+        own = [t for c, t in own_after_tool if c == correct]
+        other = [t for c, t in not_own_after_tool if c == correct]
+        assert own and other and min(own) > max(other)
+    assert max(wrong_guess) < min(tool_used)
 
 
 # --- the loop, against a scripted model ------------------------------------------------------------------------------

@@ -232,6 +232,7 @@ class EmbeddedBackend:
         self._cond = threading.Condition()
         self._pause_count = 0
         self._busy = False
+        self._last_batch_end_s = 0.0
         self._closed = False
         self._worker = threading.Thread(target=self._run, name="agentbolt-embedded-generate", daemon=True)
         self._worker.start()
@@ -405,6 +406,7 @@ class EmbeddedBackend:
             finally:
                 with self._cond:
                     self._busy = False
+                    self._last_batch_end_s = time.monotonic()
                     self._cond.notify_all()
             if isinstance(outcomes, BaseException):
                 self.stats.failed_requests += len(batch)
@@ -422,7 +424,9 @@ class EmbeddedBackend:
                     self._cond.wait()
                 if self._closed:
                     return None
-                deadline_s = self._queue[0].enqueued_s + self.batch_wait_s
+                # Wait batch_wait_s from the later of the oldest arrival and the end of the previous batch: the
+                # clients that batch just answered send their next turn a few ms later, and should ride along.
+                deadline_s = max(self._queue[0].enqueued_s, self._last_batch_end_s) + self.batch_wait_s
                 while len(self._queue) < self.max_batch_size and not self._closed:
                     remaining_s = deadline_s - time.monotonic()
                     if remaining_s <= 0:

@@ -42,6 +42,7 @@ class DemoConfig(_Config):
         val_size: tasks per validation set (``None``: whole set).
         runner_processes / runner_concurrency: runner fan-out (processes x rollouts at once each).
         max_batch_size: gateway batch limit of the embedded backend.
+        batch_wait_s: how long the backend waits for more requests before starting a batch (seconds).
         learning_rate: AdamW learning rate of the LoRA update.
         overwrite: replace an existing ``store.db`` in ``out_dir`` instead of refusing.
         agent: the agent as ``module:attribute``.
@@ -56,6 +57,7 @@ class DemoConfig(_Config):
     runner_processes: int = 2
     runner_concurrency: int = 8
     max_batch_size: int = 16
+    batch_wait_s: float = Field(default=0.25, ge=0)
     overwrite: bool = False
     agent: str = DEFAULT_AGENT
 
@@ -150,7 +152,9 @@ async def run_demo(config: DemoConfig, console: Console | None = None) -> dict[s
 
     with console.status("preparing the embedded model (first run converts the GGUF once)"):
         model_dir = prepare_model(config.model)
-        backend = EmbeddedBackend.load(model_dir, max_batch_size=config.max_batch_size)
+        backend = EmbeddedBackend.load(
+            model_dir, max_batch_size=config.max_batch_size, batch_wait_s=config.batch_wait_s
+        )
         # The policy is a copy of the served model with LoRA adapters; after each update its merged weights are
         # written into the served model (serving through peft's LoRA layers is ~5x slower on CPU).
         trainer_config = TorchTrainerConfig(learning_rate=config.learning_rate)
