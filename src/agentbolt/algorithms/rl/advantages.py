@@ -26,6 +26,7 @@ import math
 from collections.abc import Callable, Hashable, Sequence
 from typing import TypeVar
 
+from agentbolt.algorithms.registry import Registry
 from agentbolt.errors import ConfigError
 
 K = TypeVar("K", bound=Hashable)
@@ -136,33 +137,30 @@ def advantages_by_group(
     return out
 
 
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
-    "grpo": grpo_advantages,
-    "grpo_no_std": grpo_no_std_advantages,
-    "rloo": rloo_advantages,
-}
+ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry(
+    "advantage estimator",
+    {
+        "grpo": grpo_advantages,
+        "grpo_no_std": grpo_no_std_advantages,
+        "rloo": rloo_advantages,
+    },
+)
 """Advantage estimators by name. Add one with :func:`register_advantage_estimator`."""
 
 
-def register_advantage_estimator(name: str, estimator: AdvantageEstimator) -> None:
-    """Register ``estimator`` under ``name``.
+def register_advantage_estimator(name: str, implementation: AdvantageEstimator) -> None:
+    """Register ``implementation`` under ``name``.
 
     Raises:
         ConfigError: ``name`` is already registered (names are never silently replaced).
     """
-    if name in ADVANTAGE_ESTIMATORS:
-        raise ConfigError(f"advantage estimator {name!r} is already registered; pick another name")
-    ADVANTAGE_ESTIMATORS[name] = estimator
+    ADVANTAGE_ESTIMATORS.register(name, implementation)
 
 
 def get_advantage_estimator(name: str) -> AdvantageEstimator:
-    """The estimator registered as ``name``.
+    """The implementation registered as ``name``.
 
     Raises:
         ConfigError: unknown name; the message lists the known ones.
     """
-    try:
-        return ADVANTAGE_ESTIMATORS[name]
-    except KeyError:
-        known = ", ".join(sorted(ADVANTAGE_ESTIMATORS))
-        raise ConfigError(f"unknown advantage estimator {name!r}; known: {known}") from None
+    return ADVANTAGE_ESTIMATORS.lookup(name)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
+from agentbolt.algorithms.registry import Registry
 from agentbolt.errors import ConfigError
 
 
@@ -44,29 +45,26 @@ def broadcast(final_reward: float, n_transitions: int) -> list[float]:
     return [float(final_reward)] * n_transitions
 
 
-CREDIT_ASSIGNMENT: dict[str, CreditAssignment] = {"broadcast": broadcast}
+CREDIT_ASSIGNMENT: Registry[CreditAssignment] = Registry(
+    "credit assignment",
+    {"broadcast": broadcast},
+)
 """Credit-assignment schemes by name. Add one with :func:`register_credit_assignment`."""
 
 
-def register_credit_assignment(name: str, scheme: CreditAssignment) -> None:
-    """Register ``scheme`` under ``name``.
+def register_credit_assignment(name: str, implementation: CreditAssignment) -> None:
+    """Register ``implementation`` under ``name``.
 
     Raises:
         ConfigError: ``name`` is already registered (names are never silently replaced).
     """
-    if name in CREDIT_ASSIGNMENT:
-        raise ConfigError(f"credit assignment {name!r} is already registered; pick another name")
-    CREDIT_ASSIGNMENT[name] = scheme
+    CREDIT_ASSIGNMENT.register(name, implementation)
 
 
 def get_credit_assignment(name: str) -> CreditAssignment:
-    """The scheme registered as ``name``.
+    """The implementation registered as ``name``.
 
     Raises:
         ConfigError: unknown name; the message lists the known ones.
     """
-    try:
-        return CREDIT_ASSIGNMENT[name]
-    except KeyError:
-        known = ", ".join(sorted(CREDIT_ASSIGNMENT))
-        raise ConfigError(f"unknown credit assignment {name!r}; known: {known}") from None
+    return CREDIT_ASSIGNMENT.lookup(name)
