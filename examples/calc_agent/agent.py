@@ -64,6 +64,14 @@ SYSTEM_PROMPT = (
     "After the tool result, reply with a final line: Answer: <number>\n"
     "If the question lists lettered choices, answer with the letter."
 )
+TOOL_RESULT_FORMAT = (
+    "{result}\nThe calculator returned the exact value. Do not call it again. Reply now with: Answer: {result}"
+)
+"""The ``tool`` message of a successful call. Measured on the untrained model (32 train tasks, the 10 whose first
+call worked, 4 samples each): with the bare value it answers after the result in 2/40 samples (0/10 greedy); with
+this reminder in 13/40 (1/10 greedy). The reminder gives GRPO answered rollouts to reinforce from the first step,
+while greedy evaluation of the untrained model still almost never answers. Without it, the first demo runs learned
+to call the tool every time (train reward 0.03 -> 0.2) and then never saw an answer to reinforce."""
 FINAL_ANSWER_PROMPT = (
     "You have used the calculator {calls} times, the limit. Reply now with the final line: Answer: <number>"
 )
@@ -97,11 +105,13 @@ class CalcAgentConfig:
         max_tool_calls: calculator calls executed per rollout at most.
         final_answer_turn: after the budget is spent without a final reply, ask once more without tools.
         system_prompt: the system message.
+        tool_result_format: the ``tool`` message of a successful call; ``{result}`` is the calculator's value.
     """
 
     max_tool_calls: int = MAX_TOOL_CALLS
     final_answer_turn: bool = False
     system_prompt: str = SYSTEM_PROMPT
+    tool_result_format: str = TOOL_RESULT_FORMAT
 
     def __post_init__(self) -> None:
         if self.max_tool_calls < 0:
@@ -272,7 +282,7 @@ def run_episode(
                 facts.tool_calls += 1
                 facts.well_formed_calls += outcome.well_formed
                 facts.tool_ok_calls += outcome.ok
-                result = outcome.result
+                result = config.tool_result_format.format(result=outcome.result) if outcome.ok else outcome.result
             messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
     if not finished and config.final_answer_turn:
         messages.append({"role": "user", "content": FINAL_ANSWER_PROMPT.format(calls=facts.tool_calls)})

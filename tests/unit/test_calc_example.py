@@ -18,6 +18,7 @@ import pytest
 from examples.calc_agent import agent as agent_module
 from examples.calc_agent import calculator as calculator_module
 from examples.calc_agent.agent import (
+    TOOL_RESULT_FORMAT,
     CalcAgentConfig,
     EpisodeFacts,
     calc_agent,
@@ -371,7 +372,8 @@ def test_episode_call_then_answer() -> None:
     second = model.requests[1]["messages"]
     assert [m["role"] for m in second] == ["system", "user", "assistant", "tool"]
     assert second[2]["tool_calls"][0]["function"] == {"name": "calculator", "arguments": '{"expression": "-5 * -6"}'}
-    assert second[3] == {"role": "tool", "tool_call_id": "call_0", "content": "30"}
+    assert second[3] == {"role": "tool", "tool_call_id": "call_0", "content": TOOL_RESULT_FORMAT.format(result="30")}
+    assert second[3]["content"].startswith("30\n") and second[3]["content"].endswith("Answer: 30")
     assert model.requests[1]["temperature"] == 0.7
     assert episode.facts == EpisodeFacts(1, 1, 1, answered=True, correct=True)
     assert episode.messages[-1] == {"role": "assistant", "content": "The result is 30.\nAnswer: 30"}
@@ -425,7 +427,7 @@ def test_episode_calls_beyond_budget_are_not_executed() -> None:
     config = CalcAgentConfig(max_tool_calls=1, final_answer_turn=True)
     episode = run_episode(model, _task("B"), model="m", config=config)
     tool_messages = [m for m in episode.messages if m["role"] == "tool"]
-    assert tool_messages[0]["content"] == "2"
+    assert tool_messages[0]["content"] == TOOL_RESULT_FORMAT.format(result="2")
     assert tool_messages[1]["content"].startswith("Error: no calculator calls left")
     assert episode.facts == EpisodeFacts(1, 1, 1, answered=True, forced_answer=True, correct=True)
     assert "tools" not in model.requests[1]
