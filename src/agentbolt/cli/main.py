@@ -65,7 +65,7 @@ def serve(
 
 @app.command()
 def demo(
-    steps: int = typer.Option(6, help="GRPO steps"),
+    steps: int = typer.Option(4, help="GRPO steps"),
     out: Path = typer.Option(Path("runs/demo"), help="output directory"),
     model: str = typer.Option("qwen2.5-0.5b", help="embedded model: qwen2.5-0.5b or smollm2-135m"),
     tasks_per_step: int = typer.Option(4, help="distinct tasks per step"),
