@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 
 from agentbolt.errors import AgentboltError
@@ -19,7 +20,11 @@ console = Console()
 
 
 def _fail(exc: Exception) -> None:
-    console.print(f"[bold red]error:[/] {exc}")
+    if isinstance(exc, ValidationError):  # a config object refused the options: show only the reasons
+        message = "; ".join(str(err.get("msg", err)) for err in exc.errors())
+    else:
+        message = str(exc)
+    console.print(f"[bold red]error:[/] {message}")
     raise typer.Exit(code=2)
 
 
@@ -88,7 +93,7 @@ def demo(
             overwrite=overwrite,
         )
         asyncio.run(run_demo(config, console))
-    except AgentboltError as exc:
+    except (AgentboltError, ValidationError) as exc:
         _fail(exc)
 
 

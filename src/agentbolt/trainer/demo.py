@@ -129,6 +129,10 @@ async def run_demo(config: DemoConfig, console: Console | None = None) -> dict[s
     """Run the whole loop and return the summary (also written to ``out_dir/summary.json``)."""
     console = console or Console()
     t_start = time.perf_counter()
+    from agentbolt.inference.model_files import get_model_spec
+
+    if not Path(config.model).is_dir():
+        get_model_spec(config.model)  # an unknown name fails here, before anything is written
     db_path = _prepare_out_dir(config)
     tasks_mod = _load_example()
 
