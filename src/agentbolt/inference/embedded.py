@@ -40,52 +40,22 @@ from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
     GenerationConfig,
-    LogitsProcessor,
     LogitsProcessorList,
     PreTrainedModel,
     PreTrainedTokenizerBase,
-    StoppingCriteria,
     StoppingCriteriaList,
 )
 
 from agentbolt.errors import BackendError, ConfigError
 from agentbolt.inference.base import GenerationRequest, GenerationResult
 from agentbolt.inference.chat_format import normalize_messages, tools_in_system_message
+from agentbolt.inference.generation_hooks import RowBudget, SamplingLogprobs, ThroughputStats
 from agentbolt.inference.model_files import MARKER_FILE, MODEL_SPECS, prepare_model
 
 logger = logging.getLogger(__name__)
 
 _STOP_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>")
 """End-of-turn tokens used as stop ids when the tokenizer has them as single tokens."""
-
-
-@dataclass
-class ThroughputStats:
-    """Counters since load (read them for tokens/s reports; they only grow).
-
-    Attributes:
-        generated_tokens: response ids returned (after the per-request cut), summed over requests.
-        generation_s: wall seconds spent inside ``model.generate``, summed over batches.
-        batches: batches run.
-        requests: requests answered (successfully) by those batches.
-        failed_requests: requests that got a BackendError from the worker.
-    """
-
-    generated_tokens: int = 0
-    generation_s: float = 0.0
-    batches: int = 0
-    requests: int = 0
-    failed_requests: int = 0
-
-    @property
-    def mean_batch_size(self) -> float:
-        """Requests per batch (0.0 before the first batch)."""
-        return self.requests / self.batches if self.batches else 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        """Generated tokens per second of generation time (0.0 before the first batch)."""
-        return self.generated_tokens / self.generation_s if self.generation_s else 0.0
 
 
 @dataclass
@@ -130,49 +100,6 @@ class _PauseGuard:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self._backend._pause_release()
-
-
-class _SamplingLogprobs(LogitsProcessor):
-    """Records ``log_softmax(raw_logits / temperature)`` at each chosen id, one step behind.
-
-    At step t it receives the raw logits ``(B, V)``; the id chosen from them is only known at step t+1 (the last
-    column of ``input_ids``) or, for the last step, from the returned sequences (:meth:`finish`).
-    """
-
-    def __init__(self, temperature: float) -> None:
-        self._temperature = temperature
-        self._pending: torch.Tensor | None = None
-        self._chosen: list[torch.Tensor] = []
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        if self._pending is not None:
-            self._chosen.append(self._pending.gather(1, input_ids[:, -1:]).squeeze(1))
-        self._pending = torch.log_softmax(scores.float() / self._temperature, dim=-1)
-        return scores
-
-    def finish(self, generated: torch.Tensor) -> torch.Tensor:
-        """``(B, T)`` logprobs of ``generated`` ``(B, T)``, the ids generate returned after the prompt."""
-        steps = generated.shape[1]
-        if self._pending is not None and len(self._chosen) < steps:
-            self._chosen.append(self._pending.gather(1, generated[:, len(self._chosen)].unsqueeze(1)).squeeze(1))
-        self._pending = None
-        if not self._chosen:
-            return torch.zeros(generated.shape, dtype=torch.float32)
-        return torch.stack(self._chosen[:steps], dim=1)
-
-
-class _RowBudget(StoppingCriteria):
-    """Stops each row at its own ``max_tokens`` (``(B,)``), so a batch ends when every row is done."""
-
-    def __init__(self, prompt_len: int, max_tokens_B: torch.Tensor) -> None:
-        self._prompt_len = prompt_len
-        self._max_tokens_B = max_tokens_B
-
-    def __call__(
-        self, input_ids: torch.LongTensor, scores: tuple[torch.Tensor] | None, **kwargs: Any
-    ) -> torch.BoolTensor:
-        done = (input_ids.shape[1] - self._prompt_len) >= self._max_tokens_B
-        return done  # type: ignore[return-value]
 
 
 class EmbeddedBackend:
@@ -494,7 +421,7 @@ class EmbeddedBackend:
             return_dict_in_generate=True,
             **sampling,
         )
-        recorder = _SamplingLogprobs(temperature)
+        recorder = SamplingLogprobs(temperature)
         model = self.model
         model_version = self.model_version
         was_training = bool(getattr(model, "training", False))
@@ -509,7 +436,7 @@ class EmbeddedBackend:
                     attention_mask=attention_mask_BL.to(self.device),
                     generation_config=generation_config,
                     logits_processor=LogitsProcessorList([recorder]),
-                    stopping_criteria=StoppingCriteriaList([_RowBudget(prompt_len, max_tokens_B.to(self.device))]),
+                    stopping_criteria=StoppingCriteriaList([RowBudget(prompt_len, max_tokens_B.to(self.device))]),
                 )
                 generated_BT = output.sequences[:, prompt_len:]
                 logprobs_BT = recorder.finish(generated_BT).cpu()
