@@ -155,3 +155,14 @@ def test_reward_without_calls_gives_empty_trajectory() -> None:
     trajectory = build_trajectory(_rollout(), ATTEMPT_ID, [_reward(1, 1.0)])
     assert trajectory.transitions == []
     assert trajectory.final_reward == 1.0
+
+
+def test_last_reward_reads_by_name_and_skips_invalid_values() -> None:
+    from agentbolt.adapter import last_reward
+
+    spans = [_reward(1, 0.5), _reward(2, 1.0, name="correct"), _reward(3, 0.25), _reward(4, float("nan"))]
+    spans.append(_reward(5, 0.0, name="correct"))
+    assert last_reward(spans) == 0.25  # seq 4 is NaN, so the unnamed 0.25 at seq 3 is the last valid one
+    assert last_reward(spans, "correct") == 0.0
+    assert last_reward(spans, "missing") is None
+    assert last_reward([]) is None

@@ -1,5 +1,5 @@
 """agentbolt.adapter: spans -> trajectories -> training samples. Pure functions, no I/O."""
 
-from agentbolt.adapter.trajectory import build_trajectory
+from agentbolt.adapter.trajectory import build_trajectory, last_reward
 
-__all__ = ["build_trajectory"]
+__all__ = ["build_trajectory", "last_reward"]

@@ -66,7 +66,6 @@ def build_trajectory(
 
     transitions: list[Transition] = []
     intermediate_rewards: list[tuple[int, float]] = []
-    last_unnamed_reward: float | None = None
     for span in own:
         if span.name == semconv.SPAN_LLM_CALL:
             transition = _transition_from_span(span)
@@ -77,10 +76,8 @@ def build_trajectory(
             if value is None:
                 continue
             intermediate_rewards.append((span.sequence_id, value))
-            if span.attributes.get(semconv.REWARD_NAME) is None:
-                last_unnamed_reward = value
 
-    final_reward = rollout.final_reward if rollout.final_reward is not None else last_unnamed_reward
+    final_reward = rollout.final_reward if rollout.final_reward is not None else last_reward(own)
     task_id = rollout.metadata.get(task_id_key)
     return Trajectory(
         rollout_id=rollout.rollout_id,
@@ -133,6 +130,20 @@ def _finish_reason(raw: object) -> str | None:
         return raw
     if isinstance(raw, list | tuple) and raw:
         return str(raw[0])
+    return None
+
+
+def last_reward(spans: Sequence[Span], name: str | None = None) -> float | None:
+    """Value of the last valid reward span called ``name`` (``None``: the last *unnamed* one), in list order.
+
+    This is the one rule for reading rewards back: the final reward of an attempt is its last unnamed reward, and
+    a named component (e.g. ``correct``) is its last reward of that name. ``None`` when there is none.
+    """
+    for span in reversed(spans):
+        if span.name == semconv.SPAN_REWARD and span.attributes.get(semconv.REWARD_NAME) == name:
+            value = _reward_value(span.attributes.get(semconv.REWARD_VALUE))
+            if value is not None:
+                return value
     return None
 
 

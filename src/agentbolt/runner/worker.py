@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentbolt import semconv
+from agentbolt.adapter import last_reward
 from agentbolt.runner.agent import LitAgent
 from agentbolt.store.base import LightningStore
 from agentbolt.tracing.context import AttemptContext, attempt_scope
@@ -50,10 +51,7 @@ def final_reward_of(ctx: AttemptContext, returned: Any) -> float | None:
     """The attempt's final reward: the agent's returned number if any, else its last unnamed ``emit_reward``."""
     if isinstance(returned, bool | int | float) and math.isfinite(float(returned)):
         return float(returned)
-    for span in reversed(ctx.spans):
-        if span.name == semconv.SPAN_REWARD and semconv.REWARD_NAME not in span.attributes:
-            return float(span.attributes[semconv.REWARD_VALUE])
-    return None
+    return last_reward(ctx.spans)
 
 
 class Runner:

@@ -17,8 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agentbolt import semconv
-from agentbolt.adapter import build_trajectory
+from agentbolt.adapter import build_trajectory, last_reward
 from agentbolt.algorithms.rl.advantages import get_advantage_estimator, group_indices
 from agentbolt.algorithms.rl.credit import get_credit_assignment
 from agentbolt.algorithms.rl.samples import TrainingSample, samples_from_trajectories
@@ -163,11 +162,8 @@ class RLTrainer:
         """Value of the last reward span called ``name`` in the rollout's latest attempt (0.0 if absent)."""
         if rollout.status is not RolloutStatus.SUCCEEDED:
             return 0.0
-        spans = await self.store.query_spans(rollout.rollout_id)
-        for span in reversed(spans):
-            if span.name == semconv.SPAN_REWARD and span.attributes.get(semconv.REWARD_NAME) == name:
-                return float(span.attributes[semconv.REWARD_VALUE])
-        return 0.0
+        value = last_reward(await self.store.query_spans(rollout.rollout_id), name)
+        return 0.0 if value is None else value
 
     async def evaluate(
         self,
