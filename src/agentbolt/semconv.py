@@ -51,3 +51,25 @@ REWARD_NAME: Final = "agentbolt.reward.name"
 EXCEPTION_TYPE: Final = "exception.type"
 EXCEPTION_MESSAGE: Final = "exception.message"
 EXCEPTION_STACKTRACE: Final = "exception.stacktrace"
+
+# Attribution of spans that arrive over OTLP/HTTP (``POST /v1/traces``, see :mod:`agentbolt.server.otlp`).
+# Each key is looked up on the span's own attributes first, then on its resource's attributes; so a span attribute
+# takes precedence over a resource attribute, key by key. Both must resolve to non-empty strings.
+ROLLOUT_ID: Final = "agentbolt.rollout_id"
+"""str: the rollout a span belongs to (span attribute, or resource attribute as a fallback)."""
+ATTEMPT_ID: Final = "agentbolt.attempt_id"
+"""str: the attempt (of ``agentbolt.rollout_id``) a span belongs to (span attribute, or resource attribute)."""
+
+# What OTLP carries beyond the span's own attributes, kept on the stored span under these keys (only when present).
+OTEL_SCOPE_NAME: Final = "otel.scope.name"
+"""str: name of the instrumentation scope (the tracer) that produced the span (OpenTelemetry key)."""
+OTEL_SCOPE_VERSION: Final = "otel.scope.version"
+"""str: version of the instrumentation scope (OpenTelemetry key)."""
+OTLP_SPAN_KIND: Final = "agentbolt.otlp.span_kind"
+"""str: ``SERVER``, ``CLIENT``, ``PRODUCER`` or ``CONSUMER``; absent for ``INTERNAL`` and unspecified spans."""
+OTLP_RESOURCE: Final = "agentbolt.otlp.resource"
+"""dict: the attributes of the span's resource (``service.name``, ``telemetry.sdk.*``...)."""
+OTLP_EVENTS: Final = "agentbolt.otlp.events"
+"""list[dict]: span events as ``{"name": str, "time": float epoch seconds, "attributes": dict}``."""
+OTLP_LINKS: Final = "agentbolt.otlp.links"
+"""list[dict]: span links as ``{"trace_id": hex, "span_id": hex, "attributes": dict}``."""

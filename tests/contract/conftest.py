@@ -1,8 +1,10 @@
 """Backends the contract suite runs against, and the fixtures that open them.
 
-Every test in ``tests/contract`` runs once per entry of :data:`BACKENDS`. To add a backend (e.g. the HTTP client
-against a real server on ``127.0.0.1``), add an async context manager factory that takes pytest's ``tmp_path`` and
-yields an open :class:`~agentbolt.store.base.LightningStore`; the factory starts and stops whatever it needs.
+Every test in ``tests/contract`` runs once per entry of :data:`BACKENDS`. A backend is a factory that gets the test's
+``pytest.FixtureRequest`` at setup (to pull what it needs: ``tmp_path``, the ``postgres_url`` of a real server...)
+and returns an opener: a no-argument async context manager factory that yields an open
+:class:`~agentbolt.store.base.LightningStore` and closes it afterwards. A backend whose server is unavailable skips
+at setup, with the reason (see ``postgres_server_url`` in ``tests/conftest.py``).
 
 Tests are plain sync functions that hand an ``async def body(store)`` to the ``run_with_store`` fixture, which runs it
 with ``asyncio.run`` (no pytest plugin needed).
@@ -13,6 +15,7 @@ Timing: backends built here sweep expired leases every 0.05 s, so expiry tests c
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -21,14 +24,15 @@ import pytest
 
 from agentbolt.store import InMemoryLightningStore, LightningStore, SqliteLightningStore
 
-BackendFactory = Callable[[Path], AbstractAsyncContextManager[LightningStore]]
+StoreOpener = Callable[[], AbstractAsyncContextManager[LightningStore]]
+BackendFactory = Callable[[pytest.FixtureRequest], StoreOpener]
 StoreBody = Callable[[LightningStore], Awaitable[None]]
 
 SWEEP_INTERVAL_S = 0.05
 
 
 @asynccontextmanager
-async def memory_backend(tmp_path: Path) -> AsyncIterator[LightningStore]:
+async def _open_memory() -> AsyncIterator[LightningStore]:
     store = InMemoryLightningStore(sweep_interval_s=SWEEP_INTERVAL_S)
     try:
         yield store
@@ -36,8 +40,12 @@ async def memory_backend(tmp_path: Path) -> AsyncIterator[LightningStore]:
         await store.close()
 
 
+def memory_backend(request: pytest.FixtureRequest) -> StoreOpener:
+    return _open_memory
+
+
 @asynccontextmanager
-async def sqlite_backend(tmp_path: Path) -> AsyncIterator[LightningStore]:
+async def _open_sqlite(tmp_path: Path) -> AsyncIterator[LightningStore]:
     store = SqliteLightningStore(tmp_path / "store.db", sweep_interval_s=SWEEP_INTERVAL_S, poll_interval_s=0.02)
     try:
         yield store
@@ -45,8 +53,12 @@ async def sqlite_backend(tmp_path: Path) -> AsyncIterator[LightningStore]:
         await store.close()
 
 
+def sqlite_backend(request: pytest.FixtureRequest) -> StoreOpener:
+    return functools.partial(_open_sqlite, request.getfixturevalue("tmp_path"))
+
+
 @asynccontextmanager
-async def http_backend(tmp_path: Path) -> AsyncIterator[LightningStore]:
+async def _open_http(tmp_path: Path) -> AsyncIterator[LightningStore]:
     """The HTTP client against a real ``agentbolt`` server on 127.0.0.1 (any free port) over a SQLite file."""
     from agentbolt.client import HttpLightningStore
     from agentbolt.server.app import create_app
@@ -64,10 +76,31 @@ async def http_backend(tmp_path: Path) -> AsyncIterator[LightningStore]:
         await inner.close()
 
 
+def http_backend(request: pytest.FixtureRequest) -> StoreOpener:
+    return functools.partial(_open_http, request.getfixturevalue("tmp_path"))
+
+
+@asynccontextmanager
+async def _open_postgres(url: str) -> AsyncIterator[LightningStore]:
+    from agentbolt.store.postgres import PostgresLightningStore
+
+    store = PostgresLightningStore(url, sweep_interval_s=SWEEP_INTERVAL_S, poll_interval_s=0.02)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+def postgres_backend(request: pytest.FixtureRequest) -> StoreOpener:
+    """A real PostgreSQL server; each test gets a fresh schema (``postgres_url``). Skips when there is no server."""
+    return functools.partial(_open_postgres, request.getfixturevalue("postgres_url"))
+
+
 BACKENDS: dict[str, BackendFactory] = {
     "memory": memory_backend,
     "sqlite": sqlite_backend,
     "http": http_backend,
+    "postgres": postgres_backend,
 }
 """Backend name -> factory. Test ids carry the name, so ``pytest -k sqlite`` selects one backend."""
 
@@ -78,15 +111,13 @@ def backend_name(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def store_factory(backend_name: str, tmp_path: Path) -> Callable[[], AbstractAsyncContextManager[LightningStore]]:
+def store_factory(backend_name: str, request: pytest.FixtureRequest) -> StoreOpener:
     """Opens a fresh store of the current backend (``async with store_factory() as store``)."""
-    return lambda: BACKENDS[backend_name](tmp_path)
+    return BACKENDS[backend_name](request)
 
 
 @pytest.fixture
-def run_with_store(
-    store_factory: Callable[[], AbstractAsyncContextManager[LightningStore]],
-) -> Callable[[StoreBody], None]:
+def run_with_store(store_factory: StoreOpener) -> Callable[[StoreBody], None]:
     """Run ``body(store)`` on a fresh store in a fresh event loop; the store is closed afterwards."""
 
     def run(body: StoreBody) -> None:

@@ -130,15 +130,15 @@ def test_two_processes_never_share_a_claim(tmp_path: Path) -> None:
 def test_schema_matches_tables_and_is_applied_once(tmp_path: Path) -> None:
     path = tmp_path / "schema.db"
 
-    async def open_and_close() -> int:
-        store = SqliteLightningStore(path)
+    async def open_and_close(synchronous: str = "normal") -> int:
+        store = SqliteLightningStore(path, synchronous=synchronous)
         await store.query_rollouts()
-        synchronous = await store._run(lambda conn: conn.execute("PRAGMA synchronous").fetchone()[0])
+        level = await store._run(lambda conn: conn.execute("PRAGMA synchronous").fetchone()[0])
         await store.close()
-        return synchronous
+        return level
 
-    assert asyncio.run(open_and_close()) == 2  # FULL
-    assert asyncio.run(open_and_close()) == 2
+    assert asyncio.run(open_and_close()) == 1  # NORMAL (WAL: survives a process crash)
+    assert asyncio.run(open_and_close("full")) == 2  # FULL: one fsync per commit
     conn = sqlite3.connect(path)
     try:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -180,5 +180,58 @@ def test_closed_store_refuses_calls_and_rejects_bad_settings(tmp_path: Path) -> 
         await store.close()
         with pytest.raises(AgentboltError, match="closed"):
             await store.query_rollouts()
+
+    asyncio.run(main())
+
+
+def test_unknown_synchronous_mode_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="synchronous must be one of normal, full"):
+        SqliteLightningStore(tmp_path / "s.db", synchronous="off")
+
+
+def test_group_commit_isolates_a_failing_call(tmp_path: Path) -> None:
+    """Calls queued together share one COMMIT; one that raises is rolled back alone and the others are stored."""
+    path = tmp_path / "group.db"
+
+    async def main() -> None:
+        store = SqliteLightningStore(path)
+        first = await store.enqueue_rollout({"i": -1})
+        claimed = await store.claim_rollout("w")
+        assert claimed is not None and claimed.rollout.rollout_id == first.rollout_id
+        aid = claimed.attempt.attempt_id
+        spans = [
+            Span(
+                rollout_id=first.rollout_id,
+                attempt_id=aid,
+                span_id=f"{i:016x}",
+                trace_id="0" * 32,
+                name="s",
+                start_time=0.0,
+                attributes={"i": i},
+            )
+            for i in range(20)
+        ]
+        bad = Span(
+            rollout_id=first.rollout_id,
+            attempt_id="at-missing",
+            span_id="f" * 16,
+            trace_id="0" * 32,
+            name="bad",
+            start_time=0.0,
+        )
+        calls = [store.enqueue_rollout({"i": i}) for i in range(40)] + [store.add_span(s) for s in spans]
+        calls.insert(25, store.add_span(bad))
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        assert len(errors) == 1 and "at-missing" in str(errors[0])
+        assert store._writer.batches >= 1  # some calls really were committed together
+        await store.close()
+
+        reopened = SqliteLightningStore(path)
+        assert len(await reopened.query_rollouts()) == 41
+        stored = await reopened.query_spans(first.rollout_id, aid)
+        assert [s.attributes["i"] for s in stored] == list(range(20))
+        assert [s.sequence_id for s in stored] == list(range(1, 21))
+        await reopened.close()
 
     asyncio.run(main())

@@ -2,6 +2,10 @@
 
 Pinned semantics (change them only with an explicit decision, then update every backend):
 - claims hand out the oldest ``queuing``/``requeuing`` rollout by enqueue order, each to exactly one claimer;
+  ``claim_many(worker, n)`` hands out up to ``n`` of them at once, by the same rule (``n < 1`` is a ConfigError);
+- ``query_rollouts`` sorts by enqueue order unless ``sort_by`` names another field; missing values (``None``) come
+  last in either direction, ties keep enqueue order (reversed when ``descending``); filters apply before sorting,
+  paging after;
 - an attempt ending failed/timeout/unresponsive requeues the rollout while attempts remain and the status is in
   ``retry_on``, else the rollout fails;
 - a terminal rollout never changes again (InvalidTransitionError naming the allowed moves);
@@ -135,6 +139,91 @@ def test_query_rollouts_filters_and_pages(run_with_store: Run) -> None:
     run_with_store(body)
 
 
+def test_enqueue_accepts_any_json_input_including_none(run_with_store: Run) -> None:
+    async def body(store: LightningStore) -> None:
+        inputs = [None, "text", 3, 2.5, [1, "a", None], {"b": {"c": []}, "a": 1}]
+        rollouts = await store.enqueue_many([EnqueueRequest(input=i) for i in inputs])
+        assert [r.input for r in await store.query_rollouts()] == inputs
+        assert (await store.get_rollout(rollouts[0].rollout_id)).input is None
+        assert (await claim(store)).rollout.input is None
+
+    run_with_store(body)
+
+
+def test_query_rollouts_sorts_by_a_named_field(run_with_store: Run) -> None:
+    async def body(store: LightningStore) -> None:
+        # r0 and r1 are claimed (r0 first), r1 succeeds, then r0 fails; r2 is claimed last; r3 stays queued.
+        r0, r1, r2, r3 = await store.enqueue_many([EnqueueRequest(input=i) for i in range(4)])
+        ids = [r0.rollout_id, r1.rollout_id, r2.rollout_id, r3.rollout_id]
+        a0 = await claim(store)
+        await asyncio.sleep(0.01)
+        a1 = await claim(store)
+        await asyncio.sleep(0.01)
+        await store.update_attempt(r1.rollout_id, a1.attempt.attempt_id, A.SUCCEEDED, final_reward=0.5)
+        await asyncio.sleep(0.01)
+        await store.update_attempt(r0.rollout_id, a0.attempt.attempt_id, A.FAILED)
+        await asyncio.sleep(0.01)
+        await claim(store)  # r2
+        # now: r0 failed (start s0, end e0), r1 succeeded (s1 > s0, e1 < e0, reward 0.5), r2 preparing (s2), r3 queuing
+
+        async def order(**kwargs: object) -> list[int]:
+            return [r.input for r in await store.query_rollouts(**kwargs)]  # type: ignore[arg-type]
+
+        assert await order() == await order(sort_by="enqueue_time") == [0, 1, 2, 3]
+        assert await order(sort_by="enqueue_time", descending=True) == [3, 2, 1, 0]
+        assert await order(sort_by="start_time") == [0, 1, 2, 3]  # r3 never started: last
+        assert await order(sort_by="start_time", descending=True) == [2, 1, 0, 3]  # still last
+        assert await order(sort_by="end_time") == [1, 0, 2, 3]  # e1 < e0; r2, r3 unfinished, in enqueue order
+        assert await order(sort_by="end_time", descending=True) == [0, 1, 3, 2]  # unfinished last, reversed ties
+        # alphabetical: failed < preparing < queuing < succeeded
+        assert await order(sort_by="status") == [0, 2, 3, 1]
+        assert await order(sort_by="status", descending=True) == [1, 3, 2, 0]
+        assert await order(sort_by="final_reward") == [1, 0, 2, 3]  # only r1 has one; the rest tie, last
+        assert await order(sort_by="final_reward", descending=True) == [1, 3, 2, 0]
+        by_id = sorted(range(4), key=lambda i: ids[i])
+        assert await order(sort_by="rollout_id") == by_id
+        assert await order(sort_by="rollout_id", descending=True) == by_id[::-1]
+
+    run_with_store(body)
+
+
+def test_query_rollouts_sorts_then_pages_within_the_filter(run_with_store: Run) -> None:
+    async def body(store: LightningStore) -> None:
+        modes = [RolloutMode.TRAIN, RolloutMode.VAL] * 3  # inputs 0..5; VAL are 1, 3, 5
+        await store.enqueue_many([EnqueueRequest(input=i, mode=m) for i, m in enumerate(modes)])
+        claimed = [await claim(store) for _ in range(4)]  # 0, 1, 2, 3 claimed in that order
+        for c in reversed(claimed):  # end them newest first: end times 3 < 2 < 1 < 0
+            await asyncio.sleep(0.01)
+            await store.update_attempt(c.rollout.rollout_id, c.attempt.attempt_id, A.SUCCEEDED)
+
+        async def order(**kwargs: object) -> list[int]:
+            return [r.input for r in await store.query_rollouts(**kwargs)]  # type: ignore[arg-type]
+
+        assert await order(sort_by="end_time") == [3, 2, 1, 0, 4, 5]
+        assert await order(sort_by="end_time", limit=2) == [3, 2]
+        assert await order(sort_by="end_time", limit=2, offset=2) == [1, 0]
+        assert await order(sort_by="end_time", offset=4) == [4, 5]
+        assert await order(mode=RolloutMode.VAL, sort_by="end_time") == [3, 1, 5]
+        assert await order(mode=RolloutMode.VAL, sort_by="end_time", descending=True, limit=2) == [1, 3]
+        assert await order(status=[R.SUCCEEDED], sort_by="end_time", descending=True, offset=1, limit=2) == [1, 2]
+        assert await order(status=[R.QUEUING], descending=True) == [5, 4]
+
+    run_with_store(body)
+
+
+def test_query_rollouts_rejects_an_unknown_sort_field(run_with_store: Run) -> None:
+    async def body(store: LightningStore) -> None:
+        await store.enqueue_rollout("task")
+        for bad in ("enqueue_seq", "input", "start_time; DROP TABLE rollouts", ""):
+            with pytest.raises(ConfigError, match="sort_by must be one of: enqueue_time, start_time, end_time"):
+                await store.query_rollouts(sort_by=bad)
+        with pytest.raises(ConfigError, match="sort_by"):
+            await store.query_rollouts(status=[], sort_by="bogus")  # checked even when no rollout can match
+        assert len(await store.query_rollouts()) == 1
+
+    run_with_store(body)
+
+
 def test_unknown_ids_raise_not_found(run_with_store: Run) -> None:
     async def body(store: LightningStore) -> None:
         rollout = await store.enqueue_rollout("task")
@@ -193,6 +282,68 @@ def test_concurrent_claims_give_each_rollout_to_one_claimer(run_with_store: Run)
         assert len(claimed) == 12
         assert sorted(r.rollout.input for r in claimed) == list(range(12))
         assert len({r.attempt.attempt_id for r in claimed}) == 12
+
+    run_with_store(body)
+
+
+def test_claim_many_takes_the_oldest_n_in_enqueue_order(run_with_store: Run) -> None:
+    async def body(store: LightningStore) -> None:
+        assert await store.claim_many("w-1", 3) == []
+        await store.add_resources({})
+        rollouts = await store.enqueue_many([EnqueueRequest(input=i) for i in range(5)])
+        first = await store.claim_many("w-1", 3)
+        assert [c.rollout.input for c in first] == [0, 1, 2]
+        for claimed, rollout in zip(first, rollouts[:3], strict=True):
+            assert claimed.rollout.rollout_id == rollout.rollout_id
+            assert claimed.rollout.status is R.PREPARING and claimed.rollout.num_attempts == 1
+            assert claimed.attempt.sequence_id == 1 and claimed.attempt.status is A.PREPARING
+            assert claimed.attempt.worker_id == "w-1" and claimed.attempt.resources_id == "rs-1"
+            assert await store.query_attempts(rollout.rollout_id) == [claimed.attempt]
+        assert len({c.attempt.attempt_id for c in first}) == 3
+        rest = await store.claim_many("w-2", 10)  # asks for more than are left: gets the 2 that are
+        assert [c.rollout.input for c in rest] == [3, 4]
+        assert await store.claim_many("w-2", 1) == []
+        assert await store.claim_rollout("w-3") is None
+        workers = {w.worker_id: w for w in await store.query_workers()}
+        assert workers["w-1"].current_attempt_id == first[-1].attempt.attempt_id  # the last of its batch
+        assert workers["w-2"].current_attempt_id == rest[-1].attempt.attempt_id
+
+    run_with_store(body)
+
+
+def test_claim_many_rejects_n_below_one(run_with_store: Run) -> None:
+    async def body(store: LightningStore) -> None:
+        await store.enqueue_rollout("task")
+        for n in (0, -2):
+            with pytest.raises(ConfigError, match=f"n >= 1.*n={n}"):
+                await store.claim_many("w-1", n)
+        assert [r.status for r in await store.query_rollouts()] == [R.QUEUING]  # nothing was claimed
+
+    run_with_store(body)
+
+
+def test_claim_many_includes_requeued_rollouts_in_their_place(run_with_store: Run) -> None:
+    async def body(store: LightningStore) -> None:
+        config = RolloutConfig(max_attempts=2, retry_on=(A.FAILED,))
+        older = await store.enqueue_rollout("older", config=config)
+        await store.enqueue_many([EnqueueRequest(input="middle"), EnqueueRequest(input="newer")])
+        failed = await claim(store)
+        await store.update_attempt(older.rollout_id, failed.attempt.attempt_id, A.FAILED)
+        batch = await store.claim_many("w-2", 2)
+        assert [c.rollout.input for c in batch] == ["older", "middle"]
+        assert batch[0].attempt.sequence_id == 2 and batch[0].rollout.num_attempts == 2
+
+    run_with_store(body)
+
+
+def test_concurrent_claim_many_gives_each_rollout_to_one_claimer(run_with_store: Run) -> None:
+    async def body(store: LightningStore) -> None:
+        await store.enqueue_many([EnqueueRequest(input=i) for i in range(20)])
+        many = asyncio.gather(*(store.claim_many(f"w-{i}", 4) for i in range(8)))
+        batches, single = await asyncio.gather(many, store.claim_rollout("w-x"))
+        claimed = [c for batch in batches for c in batch] + ([single] if single is not None else [])
+        assert sorted(c.rollout.input for c in claimed) == list(range(20))  # all 20, none twice
+        assert len({c.attempt.attempt_id for c in claimed}) == 20
 
     run_with_store(body)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,10 +27,18 @@ def test_accepted_forms() -> None:
     assert isinstance(plain, SqliteLightningStore) and plain.path == Path("runs/store.db")
 
 
+def test_postgres_urls_pick_the_postgres_store() -> None:
+    pytest.importorskip("psycopg", reason="psycopg is not installed; run pip install -e '.[postgres]'")
+    from agentbolt.store.postgres import PostgresLightningStore
+
+    for url in ("postgresql://user@db.example:5432/agentbolt", "postgres://user@db.example/agentbolt"):
+        assert isinstance(build_store(url), PostgresLightningStore)  # opens lazily: no server needed here
+
+
 @pytest.mark.parametrize(
     ("url", "hint"),
     [
-        ("postgres://h/db", "accepted forms: memory://; sqlite:///"),
+        ("mysql://h/db", "accepted forms: memory://; sqlite:///.*postgresql://"),
         ("store", "accepted forms"),
         ("", "accepted forms"),
         ("sqlite://run.db", "sqlite:////absolute/path.db"),
@@ -48,3 +57,10 @@ def test_register_adds_a_scheme_once(monkeypatch: pytest.MonkeyPatch) -> None:
     assert isinstance(build_store("fake://anything"), InMemoryLightningStore)
     with pytest.raises(ConfigError, match="already registered"):
         register_store_backend("fake", lambda url: InMemoryLightningStore())
+
+
+def test_a_missing_postgres_driver_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, "agentbolt.store.postgres", raising=False)
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # makes ``import psycopg`` fail, as when it is not installed
+    with pytest.raises(ConfigError, match=r"pip install 'agentbolt\[postgres\]'"):
+        build_store("postgresql://127.0.0.1:5/db")

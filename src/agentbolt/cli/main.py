@@ -36,12 +36,22 @@ def serve(
     model: str | None = typer.Option(
         None, help="serve an embedded model behind the gateway (qwen2.5-0.5b, smollm2-135m)"
     ),
-    token: str | None = typer.Option(None, envvar="AGENTBOLT_TOKEN", help="require 'Authorization: Bearer TOKEN'"),
+    token: str | None = typer.Option(
+        None, envvar="AGENTBOLT_TOKEN", help="require 'Authorization: Bearer TOKEN' on every route"
+    ),
+    max_body_mb: float = typer.Option(
+        16.0, help="largest accepted request body in MiB (413 above it; OTLP bodies also after decompression)"
+    ),
 ) -> None:
-    """Run the store API and the LLM gateway."""
+    """Run the store API, OTLP ingestion (POST /v1/traces) and the LLM gateway."""
     from agentbolt.server.app import create_app
+    from agentbolt.server.middleware import MIB
     from agentbolt.server.serving import serve_in_background
     from agentbolt.store import build_store
+
+    max_body_bytes = int(max_body_mb * MIB)
+    if max_body_bytes < 1:
+        _fail(ValueError(f"--max-body-mb must be positive, got {max_body_mb}"))
 
     async def main() -> None:
         backend = None
@@ -52,7 +62,8 @@ def serve(
             backend = EmbeddedBackend.load(prepare_model(model))
         st = build_store(store)
         try:
-            async with serve_in_background(create_app(st, backend, token=token), host, port) as url:
+            server_app = create_app(st, backend, token=token, max_body_bytes=max_body_bytes)
+            async with serve_in_background(server_app, host, port) as url:
                 console.print(f"agentbolt serving on {url} (store {store}); Ctrl-C to stop")
                 await asyncio.Event().wait()
         finally:

@@ -1,5 +1,6 @@
-"""HTTP client of the agentbolt server (agent side: httpx only, no torch)."""
+"""HTTP client of the agentbolt server (agent side: aiohttp, no torch): async and blocking forms."""
 
 from agentbolt.client.http_store import HttpLightningStore
+from agentbolt.client.sync_store import SyncHttpLightningStore
 
-__all__ = ["HttpLightningStore"]
+__all__ = ["HttpLightningStore", "SyncHttpLightningStore"]

@@ -2,19 +2,26 @@
 
 Errors come back as the same exception classes the server raised (by the ``error.type`` field). Only connection
 errors are retried, and only for idempotent reads; writes are never retried blindly.
+
+Transport: aiohttp, one connection pool per event loop. Bodies are encoded and responses decoded by pydantic's JSON
+codec (``model_dump_json`` / ``validate_json``), so a span is never turned into Python dicts on the way; on this
+project's 2-core benchmark machine this costs about 0.15 ms of client CPU per request, against about 0.9 ms with
+httpx (``benchmarks/store_workload.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-import httpx
+import aiohttp
 from pydantic import BaseModel, TypeAdapter
 
 from agentbolt.errors import ERRORS_BY_NAME, AgentboltError, BackendError
+from agentbolt.store import rules
 from agentbolt.store.base import EnqueueRequest, StoreCapabilities
 from agentbolt.types import (
     Attempt,
@@ -34,11 +41,13 @@ from agentbolt.types import (
 T = TypeVar("T")
 
 _ROLLOUTS = TypeAdapter(list[Rollout])
+_CLAIMS = TypeAdapter(list[AttemptedRollout])
 _SPANS = TypeAdapter(list[Span])
 _ATTEMPTS = TypeAdapter(list[Attempt])
 _RESOURCES = TypeAdapter(list[ResourcesUpdate])
 _WORKERS = TypeAdapter(list[Worker])
 _METRICS = TypeAdapter(list[Metric])
+_ENQUEUE_REQUESTS = TypeAdapter(list[EnqueueRequest])
 _WAIT_CHUNK_S = 10.0
 
 
@@ -55,36 +64,64 @@ class HttpLightningStore:
     capabilities = StoreCapabilities(durable=True, shared_across_processes=True)
 
     def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 60.0, read_retries: int = 3):
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.base_url = base_url.rstrip("/")
-        self._client = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout_s)
+        self._headers = {"Content-Type": "application/json"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._read_retries = read_retries
+        self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
 
-    async def _request(self, method: str, path: str, *, json: Any = None, params: Any = None) -> Any:
+    def _session(self) -> aiohttp.ClientSession:
+        """The connection pool of the running event loop (an aiohttp session belongs to one loop)."""
+        loop = asyncio.get_running_loop()
+        session = self._sessions.get(loop)
+        if session is None or session.closed:
+            for old in [lp for lp in self._sessions if lp.is_closed()]:
+                del self._sessions[old]  # its loop is gone, and its sockets with it
+            connector = aiohttp.TCPConnector(limit=0, enable_cleanup_closed=False)
+            session = aiohttp.ClientSession(
+                base_url=self.base_url, headers=self._headers, timeout=self._timeout, connector=connector
+            )
+            self._sessions[loop] = session
+        return session
+
+    async def _request(self, method: str, path: str, *, body: bytes | None = None, params: Any = None) -> bytes:
+        """Send one request; return the raw JSON body of a 2xx answer.
+
+        Raises:
+            BackendError: the server cannot be reached (after ``read_retries`` retries for GETs).
+            AgentboltError subclasses: the server's error, mapped back by its ``error.type``.
+        """
         attempts = self._read_retries + 1 if method == "GET" else 1
-        resp: httpx.Response | None = None
+        raw, status = b"", 0
         for i in range(attempts):
             try:
-                resp = await self._client.request(method, path, json=json, params=params)
+                async with self._session().request(method, path, data=body, params=params) as resp:
+                    raw = await resp.read()
+                    status = resp.status
                 break
-            except httpx.TransportError as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:  # connection refused/reset, cut-off body
                 if i + 1 >= attempts:
                     raise BackendError(f"cannot reach the agentbolt server at {self.base_url}: {exc!r}") from exc
                 await asyncio.sleep(0.2 * (i + 1))
-        assert resp is not None
-        if resp.status_code >= 400:
+        if status >= 400:
             try:
-                err = resp.json()["error"]
+                err = json.loads(raw)["error"]
                 cls = ERRORS_BY_NAME.get(err.get("type", ""), AgentboltError)
-                message = err.get("message", resp.text)
+                message = err.get("message", raw.decode(errors="replace"))
             except Exception:  # not our error shape (e.g. a proxy in between)
-                cls, message = AgentboltError, resp.text
-            raise cls(f"{message} (HTTP {resp.status_code} from {method} {path})")
-        return resp.json()
+                cls, message = AgentboltError, raw.decode(errors="replace")
+            raise cls(f"{message} (HTTP {status} from {method} {path})")
+        return raw
 
     @staticmethod
-    def _dump(model: BaseModel) -> Any:
-        return model.model_dump(mode="json")
+    def _json(data: Any) -> bytes:
+        return json.dumps(data, separators=(",", ":")).encode()
+
+    @staticmethod
+    def _dump(model: BaseModel) -> bytes:
+        return model.model_dump_json().encode()
 
     async def enqueue_rollout(
         self,
@@ -96,15 +133,20 @@ class HttpLightningStore:
         metadata: dict[str, Any] | None = None,
     ) -> Rollout:
         body = EnqueueRequest(input=input, mode=mode, resources_id=resources_id, config=config, metadata=metadata)
-        return Rollout.model_validate(await self._request("POST", "/v1/rollouts", json=self._dump(body)))
+        return Rollout.model_validate_json(await self._request("POST", "/v1/rollouts", body=self._dump(body)))
 
     async def enqueue_many(self, requests: Sequence[EnqueueRequest]) -> list[Rollout]:
-        body = {"requests": [self._dump(r) for r in requests]}
-        return _ROLLOUTS.validate_python(await self._request("POST", "/v1/rollouts/batch", json=body))
+        body = b'{"requests":' + _ENQUEUE_REQUESTS.dump_json(list(requests)) + b"}"
+        return _ROLLOUTS.validate_json(await self._request("POST", "/v1/rollouts/batch", body=body))
 
     async def claim_rollout(self, worker_id: str) -> AttemptedRollout | None:
-        data = await self._request("POST", "/v1/claims", json={"worker_id": worker_id})
-        return None if data is None else AttemptedRollout.model_validate(data)
+        raw = await self._request("POST", "/v1/claims", body=self._json({"worker_id": worker_id}))
+        return None if raw == b"null" else AttemptedRollout.model_validate_json(raw)
+
+    async def claim_many(self, worker_id: str, n: int) -> list[AttemptedRollout]:
+        """``POST /v1/claims/batch``. Raises ConfigError (``n < 1``, checked by the server)."""
+        body = {"worker_id": worker_id, "n": n}
+        return _CLAIMS.validate_json(await self._request("POST", "/v1/claims/batch", body=self._json(body)))
 
     async def update_attempt(
         self,
@@ -117,13 +159,13 @@ class HttpLightningStore:
     ) -> Attempt:
         body = {"status": status.value, "error": error, "final_reward": final_reward}
         path = f"/v1/rollouts/{rollout_id}/attempts/{attempt_id}/status"
-        return Attempt.model_validate(await self._request("POST", path, json=body))
+        return Attempt.model_validate_json(await self._request("POST", path, body=self._json(body)))
 
     async def cancel_rollout(self, rollout_id: str) -> Rollout:
-        return Rollout.model_validate(await self._request("POST", f"/v1/rollouts/{rollout_id}/cancel"))
+        return Rollout.model_validate_json(await self._request("POST", f"/v1/rollouts/{rollout_id}/cancel"))
 
     async def get_rollout(self, rollout_id: str) -> Rollout:
-        return Rollout.model_validate(await self._request("GET", f"/v1/rollouts/{rollout_id}"))
+        return Rollout.model_validate_json(await self._request("GET", f"/v1/rollouts/{rollout_id}"))
 
     async def query_rollouts(
         self,
@@ -133,23 +175,30 @@ class HttpLightningStore:
         rollout_ids: Sequence[str] | None = None,
         limit: int | None = None,
         offset: int = 0,
+        sort_by: str = rules.DEFAULT_ROLLOUT_SORT,
+        descending: bool = False,
     ) -> list[Rollout]:
+        rules.check_page(limit, offset)
+        rules.check_sort(sort_by)  # also checked by the server; checked here too for the empty-filter shortcut
         if (status is not None and len(status) == 0) or (rollout_ids is not None and len(rollout_ids) == 0):
             return []  # an empty filter matches nothing; a query string cannot say "empty list"
-        params: list[tuple[str, str | int]] = [("offset", offset)]
+        params: list[tuple[str, str | int]] = [("offset", offset), ("sort_by", sort_by)]
+        if descending:
+            params.append(("descending", "true"))
         params += [("status", s.value) for s in status or ()]
         params += [("rollout_id", r) for r in rollout_ids or ()]
         if mode is not None:
             params.append(("mode", mode.value))
         if limit is not None:
             params.append(("limit", limit))
-        return _ROLLOUTS.validate_python(await self._request("GET", "/v1/rollouts", params=params))
+        return _ROLLOUTS.validate_json(await self._request("GET", "/v1/rollouts", params=params))
 
     async def get_attempt(self, rollout_id: str, attempt_id: str) -> Attempt:
-        return Attempt.model_validate(await self._request("GET", f"/v1/rollouts/{rollout_id}/attempts/{attempt_id}"))
+        path = f"/v1/rollouts/{rollout_id}/attempts/{attempt_id}"
+        return Attempt.model_validate_json(await self._request("GET", path))
 
     async def query_attempts(self, rollout_id: str) -> list[Attempt]:
-        return _ATTEMPTS.validate_python(await self._request("GET", f"/v1/rollouts/{rollout_id}/attempts"))
+        return _ATTEMPTS.validate_json(await self._request("GET", f"/v1/rollouts/{rollout_id}/attempts"))
 
     async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout_s: float | None = None) -> list[Rollout]:
         """Long-polls in chunks of at most 10 s, so any ``timeout_s`` (``None``: no limit) is honoured."""
@@ -158,52 +207,60 @@ class HttpLightningStore:
         while True:
             left = _WAIT_CHUNK_S if deadline is None else max(0.0, min(_WAIT_CHUNK_S, deadline - time.monotonic()))
             body = {"rollout_ids": ids, "timeout_s": left}
-            done = _ROLLOUTS.validate_python(await self._request("POST", "/v1/rollouts/wait", json=body))
+            done = _ROLLOUTS.validate_json(await self._request("POST", "/v1/rollouts/wait", body=self._json(body)))
             if len(done) == len(ids) or (deadline is not None and time.monotonic() >= deadline):
                 return done
 
     async def add_span(self, span: Span) -> Span:
-        return Span.model_validate(await self._request("POST", "/v1/spans", json=self._dump(span)))
+        return Span.model_validate_json(await self._request("POST", "/v1/spans", body=self._dump(span)))
 
     async def add_spans(self, spans: Sequence[Span]) -> list[Span]:
         if not spans:
             return []
-        body = {"spans": [self._dump(s) for s in spans]}
-        return _SPANS.validate_python(await self._request("POST", "/v1/spans/batch", json=body))
+        body = b'{"spans":' + _SPANS.dump_json(list(spans)) + b"}"
+        return _SPANS.validate_json(await self._request("POST", "/v1/spans/batch", body=body))
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
         params = {"attempt_id": attempt_id} if attempt_id else None
-        return _SPANS.validate_python(await self._request("GET", f"/v1/rollouts/{rollout_id}/spans", params=params))
+        return _SPANS.validate_json(await self._request("GET", f"/v1/rollouts/{rollout_id}/spans", params=params))
 
     async def add_resources(
         self, resources: dict[str, Resource], *, metadata: dict[str, Any] | None = None
     ) -> ResourcesUpdate:
         body = {"resources": {k: v.model_dump(mode="json") for k, v in resources.items()}, "metadata": metadata}
-        return ResourcesUpdate.model_validate(await self._request("POST", "/v1/resources", json=body))
+        return ResourcesUpdate.model_validate_json(await self._request("POST", "/v1/resources", body=self._json(body)))
 
     async def get_resources(self, resources_id: str | None = None) -> ResourcesUpdate | None:
         path = "/v1/resources/latest" if resources_id is None else f"/v1/resources/{resources_id}"
-        data = await self._request("GET", path)
-        return None if data is None else ResourcesUpdate.model_validate(data)
+        raw = await self._request("GET", path)
+        return None if raw == b"null" else ResourcesUpdate.model_validate_json(raw)
 
     async def query_resources(self) -> list[ResourcesUpdate]:
-        return _RESOURCES.validate_python(await self._request("GET", "/v1/resources"))
+        return _RESOURCES.validate_json(await self._request("GET", "/v1/resources"))
 
     async def heartbeat(
         self, worker_id: str, *, rollout_id: str | None = None, attempt_id: str | None = None
     ) -> Worker:
         body = {"rollout_id": rollout_id, "attempt_id": attempt_id}
-        return Worker.model_validate(await self._request("POST", f"/v1/workers/{worker_id}/heartbeat", json=body))
+        path = f"/v1/workers/{worker_id}/heartbeat"
+        return Worker.model_validate_json(await self._request("POST", path, body=self._json(body)))
 
     async def query_workers(self) -> list[Worker]:
-        return _WORKERS.validate_python(await self._request("GET", "/v1/workers"))
+        return _WORKERS.validate_json(await self._request("GET", "/v1/workers"))
 
     async def add_metrics(self, metrics: Sequence[Metric]) -> None:
-        await self._request("POST", "/v1/metrics", json={"metrics": [self._dump(m) for m in metrics]})
+        await self._request("POST", "/v1/metrics", body=b'{"metrics":' + _METRICS.dump_json(list(metrics)) + b"}")
 
     async def query_metrics(self, name: str | None = None) -> list[Metric]:
         params = {"name": name} if name else None
-        return _METRICS.validate_python(await self._request("GET", "/v1/metrics", params=params))
+        return _METRICS.validate_json(await self._request("GET", "/v1/metrics", params=params))
 
     async def close(self) -> None:
-        await self._client.aclose()
+        """Close the connection pool of every event loop that is still open."""
+        sessions, self._sessions = self._sessions, {}
+        current = asyncio.get_running_loop()
+        for loop, session in sessions.items():
+            if loop is current:
+                await session.close()
+            elif not loop.is_closed() and loop.is_running():
+                asyncio.run_coroutine_threadsafe(session.close(), loop)

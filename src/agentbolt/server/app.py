@@ -1,47 +1,112 @@
-"""The FastAPI application: store API, gateway, and (later) dashboard, over one store and one inference backend."""
+"""The FastAPI application: store API, OTLP ingestion, gateway, and (later) dashboard, over one store and one
+inference backend.
+
+Every request passes two pure ASGI guards first (:mod:`agentbolt.server.middleware`): the bearer token (when one is
+set, no route answers without it: docs, health, OpenAPI, OTLP and the gateway included), then the body size limit.
+"""
 
 from __future__ import annotations
 
-import secrets
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
+from agentbolt.errors import ConfigError
 from agentbolt.inference.base import InferenceBackend
-from agentbolt.server.errors import error_response, install_error_handlers
+from agentbolt.server.errors import install_error_handlers
 from agentbolt.server.gateway.routes import router as gateway_router
+from agentbolt.server.middleware import DEFAULT_MAX_BODY_BYTES, BearerTokenMiddleware, BodySizeLimitMiddleware
+from agentbolt.server.otlp import router as otlp_router
 from agentbolt.server.store_routes import router as store_router
 from agentbolt.store.base import LightningStore
 
 
-def create_app(store: LightningStore, backend: InferenceBackend | None = None, *, token: str | None = None) -> FastAPI:
+def _check_token(token: str) -> None:
+    if not all(0x21 <= ord(ch) <= 0x7E for ch in token):
+        raise ConfigError(
+            "the server token must be printable ASCII without spaces (it travels in an HTTP header); "
+            "generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+        )
+
+
+def create_app(
+    store: LightningStore,
+    backend: InferenceBackend | None = None,
+    *,
+    token: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> FastAPI:
     """Build the server app.
 
     Args:
         store: the backend every route reads and writes.
         backend: the inference backend behind the gateway (``None``: gateway answers 503).
-        token: when set, every route requires ``Authorization: Bearer <token>`` (401 otherwise).
+        token: when set (non-empty), every route requires ``Authorization: Bearer <token>`` (401 otherwise).
+        max_body_bytes: largest accepted request body in bytes, declared or streamed (413 above it); for OTLP
+            bodies the limit applies after decompression too. Default 16 MiB.
+
+    Raises:
+        ConfigError: ``max_body_bytes`` < 1, or a token that cannot travel in a header.
     """
-    app = FastAPI(title="agentbolt", version="1", summary="agentbolt store API and LLM gateway")
+    if max_body_bytes < 1:
+        raise ConfigError(f"max_body_bytes must be at least 1, got {max_body_bytes}")
+    if token:
+        _check_token(token)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # Every backend starts its lease sweep on its first call. Make that call when the server starts, so leases
+        # left behind by a killed server expire even if no client calls (and a bad store file fails at startup).
+        await store.query_workers()
+        yield
+
+    app = FastAPI(
+        title="agentbolt",
+        version="1",
+        summary="agentbolt store API, OTLP ingestion and LLM gateway",
+        lifespan=lifespan,
+    )
     app.state.store = store
     app.state.backend = backend
+    app.state.max_body_bytes = max_body_bytes
     install_error_handlers(app)
 
+    # add_middleware puts each new layer outside the previous ones: the token check runs first.
+    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=max_body_bytes)
     if token:
-        expected = f"Bearer {token}"
-
-        @app.middleware("http")
-        async def _require_token(request: Request, call_next):  # type: ignore[no-untyped-def]
-            given = request.headers.get("authorization", "")
-            if not secrets.compare_digest(given.encode(), expected.encode()):
-                return error_response(401, "Unauthorized", "missing or wrong 'Authorization: Bearer <token>' header")
-            return await call_next(request)
+        app.add_middleware(BearerTokenMiddleware, token=token)
 
     app.include_router(store_router)
+    app.include_router(otlp_router)
     app.include_router(gateway_router)
 
     @app.get("/", include_in_schema=False)
     async def _root() -> JSONResponse:
         return JSONResponse({"service": "agentbolt", "api": "/v1", "openapi": "/openapi.json"})
 
+    _document_bearer_auth(app)
     return app
+
+
+def _document_bearer_auth(app: FastAPI) -> None:
+    """Declare the bearer token in the OpenAPI document (optional: it is required only when the server has one)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            schemes = schema.setdefault("components", {}).setdefault("securitySchemes", {})
+            schemes["bearerAuth"] = {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "When the server was started with a token (agentbolt serve --token), every route "
+                "requires 'Authorization: Bearer <token>' and answers 401 without it.",
+            }
+            schema["security"] = [{"bearerAuth": []}, {}]
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi

@@ -16,7 +16,9 @@ from agentbolt.errors import ConfigError
 
 def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     """Bind a listening TCP socket. Raises ConfigError with a clear message when the port is taken."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and without it
+    # Nagle + delayed ACK add ~40 ms to every keep-alive request.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -36,7 +38,7 @@ def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
 async def serve_in_background(app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
     """Serve ``app`` while the ``async with`` block runs; yields the base URL (``http://host:port``)."""
     sock = bind_socket(host, port)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30, proxy_headers=False)
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:

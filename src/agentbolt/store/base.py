@@ -1,12 +1,15 @@
 """The ``LightningStore`` contract: the only place where the agent side and the training side meet.
 
-Every backend (``memory``, ``sqlite``, and the HTTP client in :mod:`agentbolt.client`) implements this Protocol and
-passes the same contract suite (``tests/contract``). All methods are coroutines. Timestamps are epoch seconds.
+Every backend (``memory``, ``sqlite``, ``postgres``, and the HTTP client in :mod:`agentbolt.client`) implements this
+Protocol and passes the same contract suite (``tests/contract``). All methods are coroutines. Timestamps are epoch
+seconds.
 
 Errors raised by every backend:
     NotFoundError: an unknown rollout, attempt, resources or worker id.
     InvalidTransitionError: an illegal status change (the message names the allowed ones).
     ConflictError: a write to an attempt that is no longer the rollout's current, non-terminal attempt.
+    ConfigError: a bad argument value (negative ``limit``, unknown ``sort_by``, ``n < 1``...); the message says
+        which values are allowed.
 """
 
 from __future__ import annotations
@@ -79,6 +82,18 @@ class LightningStore(Protocol):
         """
         ...
 
+    async def claim_many(self, worker_id: str, n: int) -> list[AttemptedRollout]:
+        """Lease up to ``n`` of the oldest ``queuing``/``requeuing`` rollouts to ``worker_id`` in one call.
+
+        Same rules as :meth:`claim_rollout` for each rollout (each goes to exactly one claimer, even when several
+        processes claim at once); results are in enqueue order, ``[]`` when the queue is empty. The worker record
+        points at the last attempt of the batch.
+
+        Raises:
+            ConfigError: ``n < 1``.
+        """
+        ...
+
     async def update_attempt(
         self,
         rollout_id: str,
@@ -115,8 +130,19 @@ class LightningStore(Protocol):
         rollout_ids: Sequence[str] | None = None,
         limit: int | None = None,
         offset: int = 0,
+        sort_by: str = "enqueue_time",
+        descending: bool = False,
     ) -> list[Rollout]:
-        """Rollouts matching every given filter, in enqueue order."""
+        """Rollouts matching every given filter, sorted, then paged (``offset`` rows skipped, at most ``limit``).
+
+        ``sort_by`` is one of :data:`agentbolt.store.rules.ROLLOUT_SORT_FIELDS`. The default, ``enqueue_time``, is
+        enqueue order (oldest first). Other fields sort by value (text by code point) with missing values (``None``)
+        last in either direction; ties keep enqueue order, reversed when ``descending``.
+
+        Raises:
+            ConfigError: a negative ``limit``/``offset``, or an unknown ``sort_by`` (the message lists the allowed
+                fields).
+        """
         ...
 
     async def get_attempt(self, rollout_id: str, attempt_id: str) -> Attempt:

@@ -15,6 +15,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from pydantic_core import PydanticSerializationError
+
 from agentbolt.errors import AgentboltError, ConfigError, NotFoundError
 from agentbolt.store import rules
 from agentbolt.store.base import EnqueueRequest, StoreCapabilities
@@ -57,7 +59,9 @@ class InMemoryLightningStore:
         self._queue: list[tuple[int, str]] = []  # heap of (enqueue_seq, rollout_id); stale entries skipped on pop
         self._attempts: dict[str, list[Attempt]] = {}  # rollout_id -> attempts by sequence_id
         self._active: dict[str, str] = {}  # rollout_id -> attempt_id of its in-flight attempt
-        self._spans: dict[tuple[str, str], list[Span]] = {}
+        # Spans are kept as their JSON encoding: about the size of the payload (no per-int Python objects), and
+        # immutable, so neither add nor query needs a deep copy.
+        self._spans: dict[tuple[str, str], list[bytes]] = {}
         self._resources: list[ResourcesUpdate] = []
         self._workers: dict[str, Worker] = {}
         self._metrics: list[Metric] = []
@@ -188,24 +192,31 @@ class InMemoryLightningStore:
 
     async def claim_rollout(self, worker_id: str) -> AttemptedRollout | None:
         """Lease the oldest claimable rollout to ``worker_id``; ``None`` when the queue is empty."""
+        claimed = await self.claim_many(worker_id, 1)
+        return claimed[0] if claimed else None
+
+    async def claim_many(self, worker_id: str, n: int) -> list[AttemptedRollout]:
+        """Lease up to ``n`` of the oldest claimable rollouts to ``worker_id``, in enqueue order. Raises ConfigError
+        (``n < 1``)."""
+        rules.check_claim_count(n)
         self._start()
         now = time.time()
         self._expire(now)
-        while self._queue:
+        claimed: list[AttemptedRollout] = []
+        while self._queue and len(claimed) < n:
             _, rollout_id = heapq.heappop(self._queue)
             rollout = self._rollouts[rollout_id]
-            if rollout.status in rules.CLAIMABLE_ROLLOUT_STATUSES:
-                break
-        else:
-            return None
-        latest = self._resources[-1].resources_id if self._resources else None
-        claimed, attempt = rules.claim(
-            rollout, worker_id=worker_id, resources_id=rollout.resources_id or latest, now=now
-        )
-        self._save(claimed, attempt)
-        worker = self._workers.get(worker_id)
-        self._workers[worker_id] = rules.worker_heartbeat(worker, worker_id, now=now, attempt=attempt)
-        return rules.attempted(claimed, attempt).model_copy(deep=True)
+            if rollout.status not in rules.CLAIMABLE_ROLLOUT_STATUSES:
+                continue  # a stale heap entry (cancelled, or claimed since it was pushed)
+            latest = self._resources[-1].resources_id if self._resources else None
+            updated, attempt = rules.claim(
+                rollout, worker_id=worker_id, resources_id=rollout.resources_id or latest, now=now
+            )
+            self._save(updated, attempt)
+            worker = self._workers.get(worker_id)
+            self._workers[worker_id] = rules.worker_heartbeat(worker, worker_id, now=now, attempt=attempt)
+            claimed.append(rules.attempted(updated, attempt).model_copy(deep=True))
+        return claimed
 
     async def update_attempt(
         self,
@@ -258,9 +269,13 @@ class InMemoryLightningStore:
         rollout_ids: Sequence[str] | None = None,
         limit: int | None = None,
         offset: int = 0,
+        sort_by: str = rules.DEFAULT_ROLLOUT_SORT,
+        descending: bool = False,
     ) -> list[Rollout]:
-        """Rollouts matching every filter, in enqueue order. Raises ConfigError for a negative limit/offset."""
+        """Rollouts matching every filter, sorted by ``sort_by`` (see the contract), then paged. Raises ConfigError
+        (negative limit/offset, unknown ``sort_by``)."""
         rules.check_page(limit, offset)
+        rules.check_sort(sort_by)
         self._start()
         self._expire(time.time())
         statuses = None if status is None else {RolloutStatus(s) for s in status}
@@ -274,6 +289,7 @@ class InMemoryLightningStore:
             if ids is not None and rollout.rollout_id not in ids:
                 continue
             found.append(rollout)
+        found = rules.sort_rollouts(found, sort_by, descending)
         end = None if limit is None else offset + limit
         return [r.model_copy(deep=True) for r in found[offset:end]]
 
@@ -320,14 +336,15 @@ class InMemoryLightningStore:
 
     # ----------------------------------------------------------------- spans
     def _numbered(self, spans: Sequence[Span]) -> list[tuple[Attempt, Span]]:
-        """Validate every span first, then number them (all or nothing)."""
+        """Validate every span first, then number them (all or nothing). The copies are shallow: they are encoded
+        to JSON before anything else can change them."""
         attempts = [self._attempt(span.rollout_id, span.attempt_id) for span in spans]
         numbered: list[tuple[Attempt, Span]] = []
         counts: dict[tuple[str, str], int] = {}
         for attempt, span in zip(attempts, spans, strict=True):
             key = (span.rollout_id, span.attempt_id)
             counts[key] = counts.get(key, len(self._spans.get(key, []))) + 1
-            numbered.append((attempt, span.model_copy(update={"sequence_id": counts[key]}, deep=True)))
+            numbered.append((attempt, span.model_copy(update={"sequence_id": counts[key]})))
         return numbered
 
     async def add_span(self, span: Span) -> Span:
@@ -335,15 +352,20 @@ class InMemoryLightningStore:
         return (await self.add_spans([span]))[0]
 
     async def add_spans(self, spans: Sequence[Span]) -> list[Span]:
-        """Store spans all or nothing, in order. Raises NotFoundError for an unknown rollout/attempt."""
+        """Store spans all or nothing, in order. Raises NotFoundError for an unknown rollout/attempt; ConfigError
+        for an attribute value that JSON cannot hold (checked before anything is stored)."""
         self._start()
         now = time.time()
         numbered = self._numbered(spans)
-        for attempt, span in numbered:
-            self._spans.setdefault((span.rollout_id, span.attempt_id), []).append(span)
+        try:
+            encoded = [span.__pydantic_serializer__.to_json(span) for _, span in numbered]
+        except PydanticSerializationError as exc:
+            raise ConfigError(f"a span attribute cannot be stored as JSON: {exc}") from exc
+        for (attempt, span), raw in zip(numbered, encoded, strict=True):
+            self._spans.setdefault((span.rollout_id, span.attempt_id), []).append(raw)
             current = self._attempt(attempt.rollout_id, attempt.attempt_id)
             self._attempts[attempt.rollout_id][attempt.sequence_id - 1] = rules.refresh_attempt(current, now)
-        return [span.model_copy(deep=True) for _, span in numbered]
+        return [span for _, span in numbered]
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
         """Spans of one attempt (default: the latest) by ``sequence_id``. Raises NotFoundError."""
@@ -355,7 +377,7 @@ class InMemoryLightningStore:
             attempt_id = attempts[-1].attempt_id
         else:
             self._attempt(rollout_id, attempt_id)
-        return [s.model_copy(deep=True) for s in self._spans.get((rollout_id, attempt_id), [])]
+        return [Span.model_validate_json(raw) for raw in self._spans.get((rollout_id, attempt_id), [])]
 
     # ----------------------------------------------------------------- resources
     async def add_resources(

@@ -17,6 +17,7 @@ Rules (DESIGN.md, "The store"):
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any, Final
 
 from agentbolt.errors import ConfigError, InvalidTransitionError
@@ -74,6 +75,64 @@ def check_page(limit: int | None, offset: int) -> None:
         raise ConfigError(f"limit must be >= 0 or None, got {limit}")
     if offset < 0:
         raise ConfigError(f"offset must be >= 0, got {offset}")
+
+
+def check_claim_count(n: int) -> int:
+    """Return ``n``, the most rollouts one :meth:`claim_many` call may take.
+
+    Raises:
+        ConfigError: ``n`` is below 1.
+    """
+    if n < 1:
+        raise ConfigError(f"claim_many takes n >= 1 (the most rollouts to claim in one call), got n={n}")
+    return n
+
+
+ROLLOUT_SORT_FIELDS: Final[tuple[str, ...]] = (
+    "enqueue_time",
+    "start_time",
+    "end_time",
+    "status",
+    "rollout_id",
+    "final_reward",
+)
+"""Rollout fields ``query_rollouts`` can sort by (``sort_by``)."""
+
+DEFAULT_ROLLOUT_SORT: Final = "enqueue_time"
+"""The default ``sort_by``: enqueue order, oldest first."""
+
+
+def check_sort(sort_by: str) -> str:
+    """Return ``sort_by`` if rollouts can be sorted by it.
+
+    Raises:
+        ConfigError: an unknown field; the message lists :data:`ROLLOUT_SORT_FIELDS`.
+    """
+    if sort_by not in ROLLOUT_SORT_FIELDS:
+        allowed = ", ".join(ROLLOUT_SORT_FIELDS)
+        raise ConfigError(f"cannot sort rollouts by {sort_by!r}; sort_by must be one of: {allowed}")
+    return sort_by
+
+
+def sort_rollouts(rollouts_in_enqueue_order: Sequence[Rollout], sort_by: str, descending: bool) -> list[Rollout]:
+    """Sort rollouts for ``query_rollouts`` (the SQL backends' ``ORDER BY`` does the same).
+
+    ``enqueue_time`` keeps enqueue order (rollouts of one batch share an enqueue time but keep their batch order).
+    Any other field sorts by its value; text (``status``, ``rollout_id``) by code point. Rollouts without a value
+    (``start_time``/``end_time``/``final_reward`` of ``None``) come last in either direction. Ties keep enqueue
+    order, reversed when ``descending`` (so ``descending`` on distinct values is the exact reverse).
+
+    Raises:
+        ConfigError: unknown ``sort_by`` (see :func:`check_sort`).
+    """
+    field = check_sort(sort_by)
+    ordered = list(reversed(rollouts_in_enqueue_order)) if descending else list(rollouts_in_enqueue_order)
+    if field == DEFAULT_ROLLOUT_SORT:
+        return ordered
+    values = [(getattr(r, field), r) for r in ordered]
+    present = [(value, r) for value, r in values if value is not None]
+    present.sort(key=lambda pair: pair[0], reverse=descending)  # stable: ties keep the order built above
+    return [r for _, r in present] + [r for value, r in values if value is None]
 
 
 def is_terminal(rollout: Rollout) -> bool:

@@ -37,6 +37,13 @@ class ClaimBody(_Body):
     worker_id: str = Field(min_length=1)
 
 
+class ClaimManyBody(_Body):
+    """``POST /v1/claims/batch``: lease up to ``n`` queued rollouts to ``worker_id`` (the store checks ``n >= 1``)."""
+
+    worker_id: str = Field(min_length=1)
+    n: int
+
+
 class AttemptStatusBody(_Body):
     """``POST /v1/rollouts/{rollout_id}/attempts/{attempt_id}/status``."""
 
