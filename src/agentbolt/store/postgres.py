@@ -36,9 +36,9 @@ except ImportError as exc:  # exercised by a test that hides psycopg
         name="psycopg_pool" if exc.name == "psycopg_pool" else "psycopg",
     ) from exc
 
-from agentbolt.errors import AgentboltError, ConfigError, NotFoundError
+from agentbolt.errors import AgentboltError, ConfigError
 from agentbolt.store import postgres_schema as schema
-from agentbolt.store import rules, tables
+from agentbolt.store import rules, tables, waiting
 from agentbolt.store.base import EnqueueRequest, StoreCapabilities
 from agentbolt.store.postgres_pool import PostgresConnections, redact_url
 from agentbolt.store.postgres_schema import Conn, sql
@@ -405,33 +405,22 @@ class PostgresLightningStore:
         the order asked. Raises NotFoundError for an unknown id.
         """
         ids = list(rollout_ids)
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout_s is None else loop.time() + max(timeout_s, 0.0)
 
         async def read(conn: Conn) -> list[Rollout]:
             rows = await schema.ROLLOUTS.fetch_all(conn, "WHERE rollout_id = ANY(%s)", (list(set(ids)),))
-            found = {r.rollout_id: r for r in rows}
-            missing = [i for i in dict.fromkeys(ids) if i not in found]
-            if missing:
-                raise NotFoundError(
-                    f"rollouts {missing[:5]} do not exist" + (" (and more)" if len(missing) > 5 else "")
-                )
-            return [found[i] for i in ids]
+            return waiting.in_order(ids, rows)
 
         event = asyncio.Event()
         self._waiters.add(event)
-        done: list[Rollout] = []
         try:
-            while not self._closed:
-                event.clear()
-                done = [r for r in await self._read_after_expiry(read) if rules.is_terminal(r)]
-                remaining = None if deadline is None else deadline - loop.time()
-                if len(done) == len(ids) or (remaining is not None and remaining <= 0):
-                    return done
-                wait_s = self.poll_interval_s if remaining is None else min(self.poll_interval_s, remaining)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(event.wait(), wait_s)
-            return done
+            return await waiting.poll_until_terminal(
+                lambda: self._read_after_expiry(read),
+                expected=len(ids),
+                timeout_s=timeout_s,
+                poll_interval_s=self.poll_interval_s,
+                event=event,
+                closed=lambda: self._closed,
+            )
         finally:
             self._waiters.discard(event)
 

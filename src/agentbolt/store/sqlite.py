@@ -22,8 +22,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from agentbolt.errors import AgentboltError, ConfigError, NotFoundError
-from agentbolt.store import rules, tables
+from agentbolt.errors import AgentboltError, ConfigError
+from agentbolt.store import rules, tables, waiting
 from agentbolt.store import sqlite_schema as schema
 from agentbolt.store.base import EnqueueRequest, StoreCapabilities
 from agentbolt.store.sqlite_writer import GroupCommitThread
@@ -420,37 +420,27 @@ class SqliteLightningStore:
         """
         ids = list(rollout_ids)
         loop = asyncio.get_running_loop()
-        deadline = None if timeout_s is None else loop.time() + max(timeout_s, 0.0)
 
         def read(conn: sqlite3.Connection) -> list[Rollout]:
-            found: dict[str, Rollout] = {}
+            found: list[Rollout] = []
             unique = list(dict.fromkeys(ids))
             for start in range(0, len(unique), 500):  # stay far below SQLite's bound-parameter limit
                 chunk = unique[start : start + 500]
-                rows = schema.ROLLOUTS.fetch_all(conn, f"WHERE rollout_id IN ({schema.marks(chunk)})", chunk)
-                found.update((r.rollout_id, r) for r in rows)
-            missing = [i for i in unique if i not in found]
-            if missing:
-                raise NotFoundError(
-                    f"rollouts {missing[:5]} do not exist" + (" (and more)" if len(missing) > 5 else "")
-                )
-            return [found[i] for i in ids]
+                found += schema.ROLLOUTS.fetch_all(conn, f"WHERE rollout_id IN ({schema.marks(chunk)})", chunk)
+            return waiting.in_order(ids, found)
 
         event = asyncio.Event()
         waiter = (loop, event)
         self._waiters.add(waiter)
-        done: list[Rollout] = []
         try:
-            while not self._closed:
-                event.clear()
-                done = [r for r in await self._run(self._read_after_expiry, read) if rules.is_terminal(r)]
-                remaining = None if deadline is None else deadline - loop.time()
-                if len(done) == len(ids) or (remaining is not None and remaining <= 0):
-                    return done
-                wait_s = self.poll_interval_s if remaining is None else min(self.poll_interval_s, remaining)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(event.wait(), wait_s)
-            return done
+            return await waiting.poll_until_terminal(
+                lambda: self._run(self._read_after_expiry, read),
+                expected=len(ids),
+                timeout_s=timeout_s,
+                poll_interval_s=self.poll_interval_s,
+                event=event,
+                closed=lambda: self._closed,
+            )
         finally:
             self._waiters.discard(waiter)
 
