@@ -51,3 +51,28 @@ def test_claimable_and_active_statuses_come_from_the_tables() -> None:
     claimable, active = {RolloutStatus.QUEUING, RolloutStatus.REQUEUING}, {A.PREPARING, A.RUNNING}
     assert claimable == rules.CLAIMABLE_ROLLOUT_STATUSES
     assert active == rules.ACTIVE_ATTEMPT_STATUSES
+
+
+def test_non_finite_final_reward_is_refused() -> None:
+    import math
+
+    import pytest
+
+    from agentbolt.errors import ConfigError
+
+    rollout, attempt = _pair(RolloutConfig())
+    for bad in (math.nan, math.inf, -math.inf):
+        with pytest.raises(ConfigError, match="finite"):
+            rules.update_attempt(rollout, attempt, A.SUCCEEDED, is_latest=True, now=20.0, final_reward=bad)
+    done, _ = rules.update_attempt(rollout, attempt, A.SUCCEEDED, is_latest=True, now=20.0, final_reward=0.25)
+    assert done.final_reward == 0.25
+
+
+def test_a_status_a_runner_cannot_report_names_the_ones_it_can() -> None:
+    import pytest
+
+    from agentbolt.errors import InvalidTransitionError
+
+    rollout, attempt = _pair(RolloutConfig())
+    with pytest.raises(InvalidTransitionError, match="not a status a runner can report .*running, succeeded"):
+        rules.update_attempt(rollout, attempt, A.PREPARING, is_latest=True, now=20.0)

@@ -16,7 +16,8 @@ from agentbolt.errors import AgentboltError
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="agentbolt: train any LLM agent from its own executions."
 )
-console = Console()
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
 
 def _fail(exc: Exception) -> None:
@@ -24,13 +25,15 @@ def _fail(exc: Exception) -> None:
         message = "; ".join(str(err.get("msg", err)) for err in exc.errors())
     else:
         message = str(exc)
-    console.print(f"[bold red]error:[/] {message}")
+    err_console.print(f"[bold red]error:[/] {message}")
     raise typer.Exit(code=2)
 
 
 @app.command()
 def serve(
-    store: str = typer.Option("sqlite:///agentbolt.db", help="store URL: memory:// or sqlite:///path.db"),
+    store: str = typer.Option(
+        "sqlite:///agentbolt.db", help="store URL: memory://, sqlite:///path.db or postgresql://user@host/db"
+    ),
     host: str = typer.Option("127.0.0.1", help="address to listen on"),
     port: int = typer.Option(8765, help="TCP port (0 = any free port)"),
     model: str | None = typer.Option(
@@ -47,7 +50,7 @@ def serve(
     from agentbolt.server.app import create_app
     from agentbolt.server.middleware import MIB
     from agentbolt.server.serving import serve_in_background
-    from agentbolt.store import build_store
+    from agentbolt.store import build_store, redact_url
 
     max_body_bytes = int(max_body_mb * MIB)
     if max_body_bytes < 1:
@@ -62,9 +65,10 @@ def serve(
             backend = EmbeddedBackend.load(prepare_model(model))
         st = build_store(store)
         try:
+            await st.query_workers()  # open the store now: a bad file or an unreachable database fails here, plainly
             server_app = create_app(st, backend, token=token, max_body_bytes=max_body_bytes)
             async with serve_in_background(server_app, host, port) as url:
-                console.print(f"agentbolt serving on {url} (store {store}); Ctrl-C to stop")
+                console.print(f"agentbolt serving on {url} (store {redact_url(store)}); Ctrl-C to stop")
                 await asyncio.Event().wait()
         finally:
             await st.close()

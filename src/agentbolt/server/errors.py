@@ -23,7 +23,12 @@ from agentbolt.errors import AgentboltError
 
 logger = logging.getLogger(__name__)
 
-_KIND_BY_STATUS: dict[int, str] = {404: "NotFoundError", 409: "ConflictError", 422: "ValidationError"}
+_KIND_BY_STATUS: dict[int, str] = {
+    404: "NotFoundError",
+    409: "ConflictError",
+    413: "ContentTooLarge",
+    422: "ValidationError",
+}
 """Error types named like the client's exception classes where one fits (see ``agentbolt.errors.ERRORS_BY_NAME``)."""
 
 _MAX_LISTED_ERRORS = 10

@@ -17,6 +17,7 @@ backend lazily, so an unused backend never loads.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from urllib.parse import parse_qs, urlsplit
 
@@ -57,6 +58,12 @@ def _build_sqlite(url: str) -> LightningStore:
         )
     synchronous = options.get("synchronous", ["normal"])[0].lower()
     return SqliteLightningStore(path, synchronous=synchronous)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for messages and logs)."""
+    url = re.sub(r"(://[^:/@?#]*:)[^@/?#]*@", r"\1***@", url)
+    return re.sub(r"(password=)[^&\s]*", r"\1***", url)
 
 
 POSTGRES_INSTALL_HINT = "pip install 'agentbolt[postgres]'"

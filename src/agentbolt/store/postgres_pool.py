@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import re
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
 
@@ -21,6 +20,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from agentbolt.errors import AgentboltError, BackendError, ConfigError
 from agentbolt.store import postgres_schema as schema
+from agentbolt.store import redact_url
 from agentbolt.store.postgres_schema import Conn
 
 T = TypeVar("T")
@@ -30,12 +30,6 @@ RETRYABLE: Final = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
 
 TX_TRIES: Final = 5
 """How many times :meth:`PostgresConnections.run` tries a transaction the server keeps aborting (see RETRYABLE)."""
-
-
-def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (for messages and logs)."""
-    url = re.sub(r"(://[^:/@?#]*:)[^@/?#]*@", r"\1***@", url)
-    return re.sub(r"(password=)[^&\s]*", r"\1***", url)
 
 
 class PostgresConnections:

@@ -16,6 +16,7 @@ Rules (DESIGN.md, "The store"):
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Sequence
 from typing import Any, Final
@@ -205,10 +206,12 @@ def update_attempt(
     given) is stored on the attempt. ``final_reward`` is stored on the rollout when the latest attempt succeeds.
 
     Raises:
-        ConfigError: ``final_reward`` given with a status other than ``succeeded``.
+        ConfigError: ``final_reward`` not finite, or given with a status other than ``succeeded``.
         InvalidTransitionError: the attempt (or its rollout) cannot make that move; the message names the allowed
             ones.
     """
+    if final_reward is not None and not math.isfinite(final_reward):
+        raise ConfigError(f"final_reward must be a finite number, got {final_reward}")
     if final_reward is not None and status != AttemptStatus.SUCCEEDED:
         raise ConfigError(
             f"final_reward is only accepted with status 'succeeded', got status '{status.value}'; "
@@ -217,8 +220,11 @@ def update_attempt(
     event = ATTEMPT_EVENT_FOR_STATUS.get(status)
     label = f"attempt {attempt.attempt_id} of rollout {rollout.rollout_id}"
     if event is None:
-        allowed = ", ".join(s.value for s in ATTEMPT_EVENT_FOR_STATUS)
-        raise InvalidTransitionError(f"{label}: cannot be moved to '{status.value}'; allowed targets: {allowed}")
+        reportable = ", ".join(s.value for s in ATTEMPT_EVENT_FOR_STATUS)
+        raise InvalidTransitionError(
+            f"{label}: '{status.value}' is not a status a runner can report (it can report: {reportable}; "
+            f"which of them are allowed now depends on the attempt's state, '{attempt.status.value}')"
+        )
     try:
         new_status = attempt_transition(attempt.status, event)
     except InvalidTransitionError as exc:
