@@ -167,11 +167,6 @@ class PgTable(TableSpec[M]):
         """The PostgreSQL mapping of ``spec``."""
         return cls(spec.name, spec.model, spec.columns, spec.json_columns, spec.nullable_json, spec.key)
 
-    def select(self, alias: str = "") -> str:
-        """``SELECT`` of every mapped column (prefixed with ``alias.`` when given), without ``FROM``."""
-        prefix = f"{alias}." if alias else ""
-        return "SELECT " + ", ".join(prefix + c for c in self.columns)
-
     def to_params(self, model: M) -> tuple[Any, ...]:
         """Column values of ``model``; JSON columns wrapped as ``Jsonb`` (``None`` -> SQL NULL where nullable).
 

@@ -190,11 +190,6 @@ class Table(TableSpec[M]):
         """The SQLite mapping of ``spec``."""
         return cls(spec.name, spec.model, spec.columns, spec.json_columns, spec.nullable_json, spec.key)
 
-    def select(self, alias: str = "") -> str:
-        """``SELECT`` of every mapped column (prefixed with ``alias.`` when given), without ``FROM``."""
-        prefix = f"{alias}." if alias else ""
-        return "SELECT " + ", ".join(prefix + c for c in self.columns)
-
     def to_row(self, model: M) -> tuple[Any, ...]:
         """Column values of ``model``, JSON-encoding the JSON columns (see the module docstring for ``None``).
 

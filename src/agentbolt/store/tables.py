@@ -33,6 +33,11 @@ class TableSpec(Generic[M]):
     nullable_json: frozenset[str] = frozenset()
     key: str | None = None
 
+    def select(self, alias: str = "") -> str:
+        """``SELECT`` of every mapped column (prefixed with ``alias.`` when given), without ``FROM``."""
+        prefix = f"{alias}." if alias else ""
+        return "SELECT " + ", ".join(prefix + c for c in self.columns)
+
 
 ROLLOUTS: Final = TableSpec(
     "rollouts",
