@@ -303,6 +303,26 @@ class AgentboltSqliteFull(_Agentbolt):
     store_url = "sqlite:///{dir}/bench.db?synchronous=full"
 
 
+class AgentboltPostgres(_Agentbolt):
+    """PostgreSQL, in-process: the server named by ``$AGENTBOLT_BENCH_POSTGRES_URL``, in a fresh schema per run."""
+
+    name = "ab-postgres"
+
+    async def _open_store(self) -> Any:
+        import psycopg
+
+        from agentbolt.store import build_store
+
+        url = os.environ.get("AGENTBOLT_BENCH_POSTGRES_URL")
+        if not url:
+            raise SystemExit("ab-postgres needs AGENTBOLT_BENCH_POSTGRES_URL=postgresql://user@host:port/db")
+        schema = f"bench_{os.getpid()}_{int(time.time())}"
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"CREATE SCHEMA {schema}")
+        sep = "&" if "?" in url else "?"
+        return build_store(f"{url}{sep}options=-csearch_path%3D{schema}")
+
+
 class AgentboltHttp(_Agentbolt):
     """``agentbolt serve`` with its default store (a SQLite file), driven through ``HttpLightningStore``."""
 
@@ -465,6 +485,7 @@ ADAPTERS: dict[str, type[Adapter]] = {
         AgentboltMemory,
         AgentboltSqlite,
         AgentboltSqliteFull,
+        AgentboltPostgres,
         AgentboltHttp,
         AgentboltHttpMemory,
         AglInProc,
