@@ -194,7 +194,7 @@ def test_group_commit_isolates_a_failing_call(tmp_path: Path) -> None:
     path = tmp_path / "group.db"
 
     async def main() -> None:
-        store = SqliteLightningStore(path)
+        store = SqliteLightningStore(path, synchronous="full")  # full: every call goes to the group-commit thread
         first = await store.enqueue_rollout({"i": -1})
         claimed = await store.claim_rollout("w")
         assert claimed is not None and claimed.rollout.rollout_id == first.rollout_id
@@ -233,5 +233,29 @@ def test_group_commit_isolates_a_failing_call(tmp_path: Path) -> None:
         assert [s.attributes["i"] for s in stored] == list(range(20))
         assert [s.sequence_id for s in stored] == list(range(1, 21))
         await reopened.close()
+
+    asyncio.run(main())
+
+
+def test_normal_mode_runs_inline_and_waits_on_the_thread_when_the_file_is_locked(tmp_path: Path) -> None:
+    """synchronous=normal runs calls on the caller's loop; while another connection holds the write lock, a write
+    is handed to the writer thread, which waits for the lock instead of failing."""
+    path = tmp_path / "inline.db"
+
+    async def main() -> None:
+        store = SqliteLightningStore(path)
+        await store.enqueue_rollout({"i": 0})
+        assert store._inline_conn is not None and store._writer.batches == 0
+
+        blocker = sqlite3.connect(path, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")  # another process's write transaction, held for 0.3 s
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.3, blocker.execute, "COMMIT")
+        t0 = time.monotonic()
+        rollout = await store.enqueue_rollout({"i": 1})  # must wait for the lock, not fail
+        assert time.monotonic() - t0 >= 0.25
+        assert [r.rollout_id for r in await store.query_rollouts()][-1] == rollout.rollout_id
+        blocker.close()
+        await store.close()
 
     asyncio.run(main())
