@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""CPU cost of each SQLite store operation on its writer thread, in microseconds per call (no thread hand-off).
+"""CPU cost of each SQLite store operation, in microseconds per call, called directly (no async API around it).
 
 Runs ``N`` rollouts one after the other (enqueue, claim, start, one span, finish) directly on the store's writer
-thread and prints the mean time of each step, then the same rollouts through the async API (hand-off included).
+thread and prints the mean time of each step, then the same rollouts through the async API.
 Use it to see where a change to ``agentbolt.store.sqlite`` moves the cost::
 
     .venv/bin/python benchmarks/sqlite_ops.py [N]
@@ -67,7 +67,7 @@ async def main(n: int) -> None:
                 timed("finish", store._update_attempt, rid, aid, AttemptStatus.SUCCEEDED, None, None)
             return {step: round(s / n * 1e6, 1) for step, s in spent.items()}
 
-        print(json.dumps({"on_writer_thread_us": await store._run(on_thread)}))
+        print(json.dumps({"per_call_us_without_the_async_api": await store._run(on_thread)}))
         t0 = time.perf_counter()
         for i in range(n):
             await store.enqueue_rollout({"task_index": i})
