@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """CPU cost of each SQLite store operation, in microseconds per call, called directly (no async API around it).
 
-Runs ``N`` rollouts one after the other (enqueue, claim, start, one span, finish) directly on the store's writer
-thread and prints the mean time of each step, then the same rollouts through the async API.
+Runs ``N`` rollouts one after the other (enqueue, claim, start, one span, finish) directly inside one store
+call and prints the mean time of each step, then the same rollouts through the async API.
 Use it to see where a change to ``agentbolt.store.sqlite`` moves the cost::
 
     .venv/bin/python benchmarks/sqlite_ops.py [N]
