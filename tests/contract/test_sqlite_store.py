@@ -142,7 +142,8 @@ def test_schema_matches_tables_and_is_applied_once(tmp_path: Path) -> None:
     conn = sqlite3.connect(path)
     try:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(schema.MIGRATIONS[-1].version,)]
+        applied = conn.execute("SELECT version FROM schema_version ORDER BY version").fetchall()
+        assert applied == [(m.version,) for m in schema.MIGRATIONS]  # each applied once, in order
         for table in schema.TABLES:
             columns = {row[1] for row in conn.execute(f"PRAGMA table_info({table.name})")}
             assert set(table.columns) <= columns, f"{table.name} lacks {set(table.columns) - columns}"
@@ -257,5 +258,105 @@ def test_normal_mode_runs_inline_and_waits_on_the_thread_when_the_file_is_locked
         assert [r.rollout_id for r in await store.query_rollouts()][-1] == rollout.rollout_id
         blocker.close()
         await store.close()
+
+    asyncio.run(main())
+
+
+def test_a_version_1_file_is_migrated_with_its_data(tmp_path: Path) -> None:
+    path = tmp_path / "v1.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_time REAL NOT NULL)")
+    for statement in schema.MIGRATIONS[0].statements:
+        conn.execute(statement)
+    conn.execute("INSERT INTO schema_version VALUES (1, 0)")
+    conn.execute("COMMIT")
+    conn.close()
+
+    async def fill(version_1_only: bool) -> list[str]:
+        store = SqliteLightningStore(path)
+        try:
+            if version_1_only:  # written through the version-1 indexes by a store that stops after migration 1
+                await store.enqueue_many([EnqueueRequest(input=i) for i in range(3)])
+                claimed = await store.claim_rollout("w")
+                assert claimed is not None
+                return [claimed.rollout.rollout_id]
+            queued = await store.query_rollouts(status=[RolloutStatus.QUEUING])
+            again = await store.claim_rollout("w")  # through the new partial index, in enqueue order
+            assert again is not None and again.rollout.rollout_id == queued[0].rollout_id
+            return [r.rollout_id for r in queued]
+        finally:
+            await store.close()
+
+    original = schema.MIGRATIONS
+    schema.MIGRATIONS = original[:1]
+    try:
+        first = asyncio.run(fill(True))
+    finally:
+        schema.MIGRATIONS = original
+    remaining = asyncio.run(fill(False))
+    assert len(remaining) == 2 and first[0] not in remaining
+    conn = sqlite3.connect(path)
+    try:
+        indexes = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        assert {"rollouts_claimable", "attempts_active"} <= indexes
+        assert not {"rollouts_by_status", "attempts_by_status"} & indexes
+    finally:
+        conn.close()
+
+
+def test_claims_and_lease_checks_use_the_partial_indexes(tmp_path: Path) -> None:
+    from agentbolt.store import sqlite as sqlite_module
+
+    async def plans() -> tuple[str, str]:
+        store = SqliteLightningStore(tmp_path / "plan.db")
+        try:
+            await store.enqueue_rollout("x")
+
+            def explain(conn: sqlite3.Connection) -> tuple[str, str]:
+                claim = conn.execute(
+                    f"EXPLAIN QUERY PLAN {schema.ROLLOUTS.select()} FROM rollouts {sqlite_module._OLDEST_CLAIMABLE}",
+                    (1,),
+                ).fetchall()
+                lease = conn.execute(
+                    f"EXPLAIN QUERY PLAN SELECT attempt_id FROM attempts WHERE status IN ({schema.ACTIVE_SQL})"
+                ).fetchall()
+                return " ".join(r[-1] for r in claim), " ".join(r[-1] for r in lease)
+
+            return await store._run(explain)
+        finally:
+            await store.close()
+
+    claim_plan, lease_plan = asyncio.run(plans())
+    assert "rollouts_claimable" in claim_plan and "TEMP B-TREE" not in claim_plan  # no sort of the queue
+    assert "attempts_active" in lease_plan
+
+
+def test_a_stream_of_spans_refreshes_the_heartbeat_at_its_resolution(tmp_path: Path) -> None:
+    async def main() -> None:
+        store = SqliteLightningStore(tmp_path / "hb.db")
+        try:
+            rollout = await store.enqueue_rollout("x", config=RolloutConfig(unresponsive_seconds=2.0))
+            claimed = await store.claim_rollout("w")
+            assert claimed is not None
+            ids = (rollout.rollout_id, claimed.attempt.attempt_id)
+
+            def span(i: int) -> Span:
+                return Span(rollout_id=ids[0], attempt_id=ids[1], span_id=f"{i:016x}", trace_id="0" * 32, name="s",
+                            start_time=0.0)
+
+            await store.add_span(span(0))  # the first span of a claimed attempt always beats (no heartbeat yet)
+            first = (await store.get_attempt(*ids)).last_heartbeat_time
+            assert first is not None
+            await store.add_span(span(1))  # 5% of 2 s = 0.1 s have not passed: nothing written
+            assert (await store.get_attempt(*ids)).last_heartbeat_time == first
+            await asyncio.sleep(0.12)
+            await store.add_span(span(2))
+            later = (await store.get_attempt(*ids)).last_heartbeat_time
+            assert later is not None and later >= first + 0.1
+            assert [s.sequence_id for s in await store.query_spans(ids[0])] == [1, 2, 3]
+        finally:
+            await store.close()
 
     asyncio.run(main())

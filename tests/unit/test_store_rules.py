@@ -76,3 +76,15 @@ def test_a_status_a_runner_cannot_report_names_the_ones_it_can() -> None:
     rollout, attempt = _pair(RolloutConfig())
     with pytest.raises(InvalidTransitionError, match="not a status a runner can report .*running, succeeded"):
         rules.update_attempt(rollout, attempt, A.PREPARING, is_latest=True, now=20.0)
+
+
+def test_a_span_writes_the_heartbeat_once_per_resolution() -> None:
+    beats = rules.span_refreshes_heartbeat
+    assert beats(AttemptStatus.RUNNING, None, None, 5.0)  # never beaten: always write
+    assert not beats(AttemptStatus.SUCCEEDED, None, 10.0, 5.0)  # ended: never
+    assert not beats(AttemptStatus.RUNNING, 10.0, None, 10.99)  # no lease on silence: once a second
+    assert beats(AttemptStatus.RUNNING, 10.0, None, 11.0)
+    assert not beats(AttemptStatus.PREPARING, 10.0, 4.0, 10.125)  # 5% of 4 s = 0.2 s
+    assert beats(AttemptStatus.PREPARING, 10.0, 4.0, 10.25)
+    assert not beats(AttemptStatus.RUNNING, 10.0, 100.0, 10.99)  # 5% of 100 s is 5 s: capped at 1 s
+    assert beats(AttemptStatus.RUNNING, 10.0, 100.0, 11.0)

@@ -3,6 +3,8 @@ inference backend.
 
 Every request passes two pure ASGI guards first (:mod:`agentbolt.server.middleware`): the bearer token (when one is
 set, no route answers without it: docs, health, OpenAPI, OTLP and the gateway included), then the body size limit.
+The store routes of the rollout lifecycle are then served by calling their endpoints directly
+(:mod:`agentbolt.server.hot_routes`); everything else goes through FastAPI.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentbolt.errors import ConfigError
 from agentbolt.inference.base import InferenceBackend
 from agentbolt.server.errors import install_error_handlers
 from agentbolt.server.gateway.routes import router as gateway_router
+from agentbolt.server.hot_routes import HotRoutes
 from agentbolt.server.middleware import DEFAULT_MAX_BODY_BYTES, BearerTokenMiddleware, BodySizeLimitMiddleware
 from agentbolt.server.otlp import router as otlp_router
 from agentbolt.server.store_routes import router as store_router
@@ -38,7 +42,7 @@ def create_app(
     *,
     token: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-) -> FastAPI:
+) -> AgentboltApp:
     """Build the server app.
 
     Args:
@@ -63,7 +67,7 @@ def create_app(
         await store.query_workers()
         yield
 
-    app = FastAPI(
+    app = AgentboltApp(
         title="agentbolt",
         version="1",
         summary="agentbolt store API, OTLP ingestion and LLM gateway",
@@ -74,11 +78,6 @@ def create_app(
     app.state.max_body_bytes = max_body_bytes
     install_error_handlers(app)
 
-    # add_middleware puts each new layer outside the previous ones: the token check runs first.
-    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=max_body_bytes)
-    if token:
-        app.add_middleware(BearerTokenMiddleware, token=token)
-
     app.include_router(store_router)
     app.include_router(otlp_router)
     app.include_router(gateway_router)
@@ -88,7 +87,32 @@ def create_app(
         return JSONResponse({"service": "agentbolt", "api": "/v1", "openapi": "/openapi.json"})
 
     _document_bearer_auth(app)
+
+    # In front of FastAPI's own stack: the token check first, then the body size limit, then the direct path to the
+    # hot store routes (which thereby skip FastAPI's middleware and routing, but never the guards).
+    front: ASGIApp = HotRoutes(app.serve_with_fastapi, fastapi_app=app, routes=store_router.routes)
+    front = BodySizeLimitMiddleware(front, max_body_bytes=max_body_bytes)
+    if token:
+        front = BearerTokenMiddleware(front, token=token)
+    app.front = front
     return app
+
+
+class AgentboltApp(FastAPI):
+    """The FastAPI app, entered through ``front`` (the guards and the hot routes) when one is set."""
+
+    front: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the request through ``front``, which ends in FastAPI's own handling (:meth:`serve_with_fastapi`)."""
+        if self.front is None:
+            await super().__call__(scope, receive, send)
+        else:
+            await self.front(scope, receive, send)
+
+    async def serve_with_fastapi(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """FastAPI's own request handling (its middleware stack and routes), without ``front``."""
+        await super().__call__(scope, receive, send)
 
 
 def _document_bearer_auth(app: FastAPI) -> None:

@@ -74,21 +74,44 @@ def describe_validation_errors(errors: Any) -> str:
     return "; ".join(parts) or "invalid request"
 
 
+def validation_message(errors: Any, scope: Mapping[str, Any]) -> str:
+    """:func:`describe_validation_errors`, plus a hint when body errors come with a body that was not sent as JSON.
+
+    ``scope`` is the request's ASGI scope (its ``content-type`` header is read).
+    """
+    message = describe_validation_errors(errors)
+    content_type = ""
+    for key, value in scope.get("headers", ()):
+        if key == b"content-type":
+            content_type = value.decode("latin-1")
+            break
+    body_errors = any(tuple(err.get("loc", ()))[:1] == ("body",) for err in errors)
+    if body_errors and "json" not in content_type:
+        message += f" (the body was sent as {content_type or 'no Content-Type'}; send JSON as application/json)"
+    return message
+
+
+def error_for_exception(exc: Exception) -> tuple[int, str, str]:
+    """``(status, error.type, message)`` of the answer to an exception raised by an endpoint.
+
+    An :class:`~agentbolt.errors.AgentboltError` keeps its status and class name; anything else is a bug: 500
+    ``InternalError`` (the caller logs the traceback).
+    """
+    if isinstance(exc, AgentboltError):
+        return exc.http_status, type(exc).__name__, str(exc)
+    return 500, "InternalError", f"internal error (a bug in agentbolt; please report it): {type(exc).__name__}: {exc}"
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Register handlers so that every error, expected or not, answers in the one error shape."""
 
     @app.exception_handler(AgentboltError)
     async def _agentbolt_error(_: Request, exc: AgentboltError) -> JSONResponse:
-        return error_response(exc.http_status, type(exc).__name__, str(exc))
+        return error_response(*error_for_exception(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        message = describe_validation_errors(exc.errors())
-        content_type = request.headers.get("content-type", "")
-        body_errors = any(tuple(err.get("loc", ()))[:1] == ("body",) for err in exc.errors())
-        if body_errors and "json" not in content_type:
-            message += f" (the body was sent as {content_type or 'no Content-Type'}; send JSON as application/json)"
-        return error_response(422, "ValidationError", message)
+        return error_response(422, "ValidationError", validation_message(exc.errors(), request.scope))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -105,5 +128,4 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error in %s %s", request.method, request.url.path)
-        message = f"internal error (a bug in agentbolt; please report it): {type(exc).__name__}: {exc}"
-        return error_response(500, "InternalError", message)
+        return error_response(*error_for_exception(exc))

@@ -3,7 +3,7 @@
 They are plain ASGI callables (not ``BaseHTTPMiddleware``, which wraps each request in extra tasks and streams), so
 they cost one function call per request. :func:`agentbolt.server.app.create_app` puts the token check outermost:
 
-    BearerTokenMiddleware -> BodySizeLimitMiddleware -> FastAPI's routes (store API, OTLP, gateway, docs)
+    BearerTokenMiddleware -> BodySizeLimitMiddleware -> HotRoutes -> FastAPI's routes (store API, OTLP, gateway, docs)
 
 Both answer in the API's error shape (``{"error": {"type": ..., "message": ...}}``).
 """

@@ -54,6 +54,11 @@ WORKER_BUSY: Final = "busy"
 
 CANCELLED_ERROR_TYPE: Final = "cancelled"
 
+SPAN_HEARTBEAT_RESOLUTION_S: Final = 1.0
+"""A span refreshes its attempt's heartbeat at most this often (seconds), or every
+:data:`SPAN_HEARTBEAT_RESOLUTION_FRACTION` of ``unresponsive_seconds`` when that is shorter."""
+SPAN_HEARTBEAT_RESOLUTION_FRACTION: Final = 0.05
+
 
 def new_rollout_id() -> str:
     """A fresh rollout id, ``ro-`` and 12 hex characters."""
@@ -314,6 +319,27 @@ def refresh_attempt(attempt: Attempt, now: float) -> Attempt:
     if attempt.status not in ACTIVE_ATTEMPT_STATUSES:
         return attempt
     return attempt.model_copy(update={"last_heartbeat_time": now})
+
+
+def span_refreshes_heartbeat(
+    status: AttemptStatus, last_heartbeat_time: float | None, unresponsive_seconds: float | None, now: float
+) -> bool:
+    """Whether a span arriving at ``now`` must write the attempt's heartbeat.
+
+    A span is a heartbeat, but writing the heartbeat on every span costs a page write per span in the SQL stores.
+    The heartbeat is written when the attempt is active and its recorded heartbeat is at least
+    ``min(SPAN_HEARTBEAT_RESOLUTION_S, SPAN_HEARTBEAT_RESOLUTION_FRACTION * unresponsive_seconds)`` old (or missing),
+    so a stream of spans can make an attempt look older than it is by at most 5% of its ``unresponsive_seconds``
+    (and its ``last_heartbeat_time`` stale by at most one second). Explicit :meth:`heartbeat` calls always write.
+    """
+    if status not in ACTIVE_ATTEMPT_STATUSES:
+        return False
+    if last_heartbeat_time is None:
+        return True
+    resolution = SPAN_HEARTBEAT_RESOLUTION_S
+    if unresponsive_seconds is not None:
+        resolution = min(resolution, SPAN_HEARTBEAT_RESOLUTION_FRACTION * unresponsive_seconds)
+    return now - last_heartbeat_time >= resolution
 
 
 def worker_heartbeat(worker: Worker | None, worker_id: str, *, now: float, attempt: Attempt | None = None) -> Worker:

@@ -57,17 +57,15 @@ class _LockedElsewhere(Exception):
 SYNCHRONOUS_MODES: tuple[str, ...] = ("normal", "full")
 """SQLite ``PRAGMA synchronous`` settings the store accepts (WAL mode)."""
 
-_CLAIMABLE = tuple(sorted(s.value for s in rules.CLAIMABLE_ROLLOUT_STATUSES))
-_ACTIVE = tuple(sorted(s.value for s in rules.ACTIVE_ATTEMPT_STATUSES))
-# The oldest claimable rollouts. "status IN (...) ORDER BY enqueue_seq" would sort the whole queue on every claim;
-# a bounded look-up in the (status, enqueue_seq) index then a small sort keeps a claim O(n log n) in the claim size.
-_OLDEST_CLAIMABLE = (
-    "WHERE rollout_id IN ("
-    + " UNION ALL ".join(
-        "SELECT rollout_id FROM (SELECT rollout_id FROM rollouts WHERE status = ? ORDER BY enqueue_seq LIMIT ?)"
-        for _ in _CLAIMABLE
-    )
-    + ") ORDER BY enqueue_seq LIMIT ?"
+# The oldest claimable rollouts, through the partial index ``rollouts_claimable`` (in enqueue order already).
+_OLDEST_CLAIMABLE = f"WHERE status IN ({schema.CLAIMABLE_SQL}) ORDER BY enqueue_seq LIMIT ?"
+# What a span needs from its attempt: status and heartbeat (to refresh the heartbeat), the lease setting that decides
+# how often, and the attempt's last span number.
+_SPAN_TARGET = (
+    "SELECT a.status, a.last_heartbeat_time, json_extract(r.config, '$.unresponsive_seconds'),"
+    " (SELECT COALESCE(MAX(s.sequence_id), 0) FROM spans s WHERE s.rollout_id = a.rollout_id"
+    " AND s.attempt_id = a.attempt_id)"
+    " FROM attempts a JOIN rollouts r ON r.rollout_id = a.rollout_id WHERE a.rollout_id = ? AND a.attempt_id = ?"
 )
 
 
@@ -207,12 +205,19 @@ class SqliteLightningStore:
 
     # ----------------------------------------------------------------- flows (executor thread only)
     def _save(
-        self, conn: sqlite3.Connection, rollout: Rollout, attempt: Attempt | None, *, previous: Rollout | None = None
+        self,
+        conn: sqlite3.Connection,
+        rollout: Rollout,
+        attempt: Attempt | None,
+        *,
+        previous: Rollout | None = None,
+        new_attempt: bool = False,
     ) -> None:
         """Write back a rollout and one of its attempts; free the attempt's worker when the attempt ended.
 
-        ``previous`` is the rollout as read in this transaction (``None``: read it here). An existing rollout row
-        only has its scalar columns rewritten: input, config and metadata never change after enqueue.
+        ``previous`` is the rollout as read in this transaction (``None``: read it here); ``new_attempt``: the attempt
+        is not stored yet. An existing rollout row only has its scalar columns rewritten: input, config and metadata
+        never change after enqueue.
         """
         if previous is None:
             row = conn.execute("SELECT status FROM rollouts WHERE rollout_id = ?", (rollout.rollout_id,)).fetchone()
@@ -227,13 +232,16 @@ class SqliteLightningStore:
             self._terminal_epoch += 1
         if attempt is None:
             return
-        schema.ATTEMPTS.put(conn, attempt)
+        if new_attempt:
+            schema.ATTEMPTS.insert(conn, [attempt])
+        else:
+            schema.ATTEMPTS.update(conn, attempt)
         if attempt.worker_id is not None and attempt.status not in rules.ACTIVE_ATTEMPT_STATUSES:
             worker = schema.get_worker(conn, attempt.worker_id)  # only an ended attempt can free its worker
             if worker is not None:
                 freed = rules.worker_after_attempt(worker, attempt)
                 if freed is not worker:
-                    schema.WORKERS.put(conn, freed)
+                    schema.WORKERS.update(conn, freed)
 
     def _expired_candidates(self, conn: sqlite3.Connection, now: float) -> list[Attempt]:
         """Active attempts whose lease has run out at ``now``.
@@ -243,13 +251,13 @@ class SqliteLightningStore:
         """
         rows = conn.execute(
             f"{schema.ATTEMPTS.select('a')}, r.config FROM attempts a JOIN rollouts r USING (rollout_id) "
-            f"WHERE a.status IN ({schema.marks(_ACTIVE)}) AND ("
+            f"WHERE a.status IN ({schema.ACTIVE_SQL}) AND ("
             "(json_extract(r.config, '$.timeout_seconds') IS NOT NULL"
             " AND ? - a.start_time >= json_extract(r.config, '$.timeout_seconds') - 1e-6)"
             " OR (json_extract(r.config, '$.unresponsive_seconds') IS NOT NULL"
             " AND ? - COALESCE(a.last_heartbeat_time, a.start_time)"
             " >= json_extract(r.config, '$.unresponsive_seconds') - 1e-6))",
-            (*_ACTIVE, now, now),
+            (now, now),
         ).fetchall()
         expired: list[Attempt] = []
         for row in rows:
@@ -330,11 +338,10 @@ class SqliteLightningStore:
         claimed: list[AttemptedRollout] = []
         with schema.transaction(conn, write=True):
             self._expire_locked(conn, now)
-            params = [p for status in _CLAIMABLE for p in (status, n)] + [n]
-            rollouts = schema.ROLLOUTS.fetch_all(conn, _OLDEST_CLAIMABLE, params)
+            rollouts = schema.ROLLOUTS.fetch_all(conn, _OLDEST_CLAIMABLE, (n,))
             if not rollouts:
                 return []
-            latest = schema.latest_resources(conn)
+            latest = None if all(r.resources_id for r in rollouts) else schema.latest_resources(conn)
             worker = schema.get_worker(conn, worker_id)
             for rollout in rollouts:
                 updated, attempt = rules.claim(
@@ -343,7 +350,7 @@ class SqliteLightningStore:
                     resources_id=rollout.resources_id or (latest.resources_id if latest else None),
                     now=now,
                 )
-                self._save(conn, updated, attempt, previous=rollout)
+                self._save(conn, updated, attempt, previous=rollout, new_attempt=True)
                 worker = rules.worker_heartbeat(worker, worker_id, now=now, attempt=attempt)
                 claimed.append(rules.attempted(updated, attempt))
             assert worker is not None
@@ -374,17 +381,16 @@ class SqliteLightningStore:
     ) -> Attempt:
         now = time.time()
         with schema.transaction(conn, write=True):
-            self._expire_locked(conn, now)
             attempt = schema.get_attempt(conn, rollout_id, attempt_id)
             before = schema.get_rollout(conn, rollout_id)
+            is_latest = attempt.sequence_id == before.num_attempts  # attempts are numbered 1..num_attempts
+            # Only this attempt's lease decides the outcome of this call (other leases are the sweeper's business).
+            expired = rules.expire(before, attempt, is_latest=is_latest, now=now)
+            if expired is not None:
+                self._save(conn, *expired, previous=before)
+                before, attempt = expired
             rollout, updated = rules.update_attempt(
-                before,
-                attempt,
-                status,
-                is_latest=attempt.sequence_id == before.num_attempts,  # attempts are numbered 1..num_attempts
-                now=now,
-                error=error,
-                final_reward=final_reward,
+                before, attempt, status, is_latest=is_latest, now=now, error=error, final_reward=final_reward
             )
             self._save(conn, rollout, updated, previous=before)
         return updated
@@ -502,22 +508,19 @@ class SqliteLightningStore:
         with schema.transaction(conn, write=True):
             for span in spans:
                 key = (span.rollout_id, span.attempt_id)
-                if key not in next_seq:
-                    attempt = schema.get_attempt(conn, *key)
-                    if rules.refresh_attempt(attempt, now) is not attempt:  # active: the span is a heartbeat too
-                        conn.execute(
-                            "UPDATE attempts SET last_heartbeat_time = ? WHERE attempt_id = ?",
-                            (now, attempt.attempt_id),
-                        )
-                    (last,) = conn.execute(
-                        "SELECT COALESCE(MAX(sequence_id), 0) FROM spans WHERE rollout_id = ? AND attempt_id = ?",
-                        key,
-                    ).fetchone()
-                    next_seq[key] = last + 1
-                numbered = span.model_copy(update={"sequence_id": next_seq[key]})
-                next_seq[key] += 1
-                schema.SPANS.put(conn, numbered)
-                stored.append(numbered)
+                seq = next_seq.get(key)
+                if seq is None:
+                    row = conn.execute(_SPAN_TARGET, key).fetchone()
+                    if row is None:
+                        schema.get_attempt(conn, *key)  # raises NotFoundError naming what is missing
+                        raise AssertionError("unreachable: the attempt exists but was not found")
+                    status, last_heartbeat, unresponsive_s, last_seq = row
+                    if rules.span_refreshes_heartbeat(AttemptStatus(status), last_heartbeat, unresponsive_s, now):
+                        conn.execute("UPDATE attempts SET last_heartbeat_time = ? WHERE attempt_id = ?", (now, key[1]))
+                    seq = last_seq + 1
+                next_seq[key] = seq + 1
+                stored.append(span.model_copy(update={"sequence_id": seq}))
+            schema.SPANS.insert(conn, stored)
         return stored
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:

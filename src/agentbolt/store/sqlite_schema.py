@@ -15,17 +15,25 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from functools import cached_property
+from typing import Any, Final, TypeVar
 
 from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError, to_json
 
 from agentbolt.errors import ConfigError, NotFoundError
-from agentbolt.store import tables
+from agentbolt.store import rules, tables
 from agentbolt.store.tables import TableSpec
 from agentbolt.types import Attempt, ResourcesUpdate, Rollout, Worker
 
 M = TypeVar("M", bound=BaseModel)
+
+CLAIMABLE_SQL: Final = ", ".join(f"'{s.value}'" for s in sorted(rules.CLAIMABLE_ROLLOUT_STATUSES))
+"""The claimable rollout statuses as SQL literals: ``'queuing', 'requeuing'``, the condition of the partial index
+``rollouts_claimable`` (SQLite uses a partial index only for a query that spells out its condition)."""
+ACTIVE_SQL: Final = ", ".join(f"'{s.value}'" for s in sorted(rules.ACTIVE_ATTEMPT_STATUSES))
+"""The active (lease-holding) attempt statuses as SQL literals: ``'preparing', 'running'``, the condition of the partial
+index ``attempts_active``."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +118,17 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX metrics_by_name ON metrics (name, train_step)",
         ),
     ),
+    # Status indexes hold only the rows the hot paths look up: claimable rollouts (claims) and active attempts
+    # (lease expiry). A full status index moved an entry on every status change, two more page writes per commit.
+    Migration(
+        2,
+        (
+            "DROP INDEX rollouts_by_status",
+            "CREATE INDEX rollouts_claimable ON rollouts (enqueue_seq) WHERE status IN ('queuing', 'requeuing')",
+            "DROP INDEX attempts_by_status",
+            "CREATE INDEX attempts_active ON attempts (rollout_id) WHERE status IN ('preparing', 'running')",
+        ),
+    ),
 )
 
 
@@ -190,25 +209,30 @@ class Table(TableSpec[M]):
         """The SQLite mapping of ``spec``."""
         return cls(spec.name, spec.model, spec.columns, spec.json_columns, spec.nullable_json, spec.key)
 
+    @cached_property
+    def _json_flags(self) -> tuple[tuple[str, bool, bool], ...]:
+        """``(column, is_json, nullable_json)`` for each column, in order."""
+        return tuple((c, c in self.json_columns, c in self.nullable_json) for c in self.columns)
+
     def to_row(self, model: M) -> tuple[Any, ...]:
         """Column values of ``model``, JSON-encoding the JSON columns (see the module docstring for ``None``).
 
-        JSON columns are encoded by pydantic's serializer straight from the field value (no intermediate dicts).
+        Scalar columns are read off the model as they are (str, int, float, None and str enums bind as text); JSON
+        columns are encoded by pydantic's serializer straight from the field value (no intermediate dicts).
 
         Raises:
             ConfigError: a value is not JSON-serializable.
         """
+        row: list[Any] = []
         try:
-            data = model.model_dump(mode="json", exclude=set(self.json_columns))
-            for column in self.json_columns:
+            for column, is_json, nullable in self._json_flags:
                 value = getattr(model, column)
-                if value is None and column in self.nullable_json:
-                    data[column] = None
-                else:
-                    data[column] = to_json(value).decode()
+                if is_json and not (value is None and nullable):
+                    value = to_json(value).decode()
+                row.append(value)
         except PydanticSerializationError as exc:
             raise ConfigError(f"{self.name} record is not JSON-serializable: {exc}") from None
-        return tuple(data[c] for c in self.columns)
+        return tuple(row)
 
     def from_row(self, row: Sequence[Any]) -> M:
         """The model of one row selected with :meth:`select`.
@@ -225,13 +249,44 @@ class Table(TableSpec[M]):
                 scalars[column] = value
         return self.model.model_validate_json(to_json(scalars)[:-1] + "".join(spliced).encode() + b"}")
 
+    @cached_property
+    def _update_scalars_sql(self) -> tuple[str, tuple[int, ...]]:
+        columns = [c for c in self.columns if c not in self.json_columns and c != self.key]
+        sql = f"UPDATE {self.name} SET {', '.join(f'{c} = ?' for c in columns)} WHERE {self.key} = ?"
+        return sql, tuple(self.columns.index(c) for c in [*columns, self.key])
+
+    @cached_property
+    def _update_sql(self) -> tuple[str, tuple[int, ...]]:
+        columns = [c for c in self.columns if c != self.key]
+        sql = f"UPDATE {self.name} SET {', '.join(f'{c} = ?' for c in columns)} WHERE {self.key} = ?"
+        return sql, tuple(self.columns.index(c) for c in [*columns, self.key])
+
+    @cached_property
+    def _insert_sql(self) -> str:
+        return f"INSERT INTO {self.name} ({', '.join(self.columns)}) VALUES ({marks(self.columns)})"
+
+    @cached_property
+    def _upsert_sql(self) -> str:
+        updates = ", ".join(f"{c} = excluded.{c}" for c in self.columns if c != self.key)
+        return f"{self._insert_sql} ON CONFLICT ({self.key}) DO UPDATE SET {updates}"
+
     def update_scalars(self, conn: sqlite3.Connection, model: M) -> None:
         """Rewrite the non-JSON columns of the existing row with ``model``'s key (the JSON columns stay as stored)."""
         assert self.key is not None, f"{self.name} has no key column"
-        data = model.model_dump(mode="json", exclude=set(self.json_columns))
-        columns = [c for c in self.columns if c not in self.json_columns and c != self.key]
-        sql = f"UPDATE {self.name} SET {', '.join(f'{c} = ?' for c in columns)} WHERE {self.key} = ?"
-        conn.execute(sql, [data[c] for c in columns] + [data[self.key]])
+        sql, order = self._update_scalars_sql
+        values = [getattr(model, self.columns[i]) for i in order]
+        conn.execute(sql, values)
+
+    def update(self, conn: sqlite3.Connection, model: M) -> None:
+        """Rewrite every column of the existing row with ``model``'s key."""
+        assert self.key is not None, f"{self.name} has no key column"
+        sql, order = self._update_sql
+        row = self.to_row(model)
+        conn.execute(sql, [row[i] for i in order])
+
+    def insert(self, conn: sqlite3.Connection, models: Sequence[M]) -> None:
+        """Insert ``models`` as new rows, in order (a duplicate key raises ``sqlite3.IntegrityError``)."""
+        conn.executemany(self._insert_sql, [self.to_row(m) for m in models])
 
     def put(self, conn: sqlite3.Connection, model: M) -> None:
         """Insert ``model``; with a key, overwrite the row that has the same key (an upsert)."""
@@ -239,20 +294,21 @@ class Table(TableSpec[M]):
 
     def put_many(self, conn: sqlite3.Connection, models: Sequence[M]) -> None:
         """:meth:`put` for several models, in order."""
-        sql = f"INSERT INTO {self.name} ({', '.join(self.columns)}) VALUES ({marks(self.columns)})"
-        if self.key is not None:
-            updates = ", ".join(f"{c} = excluded.{c}" for c in self.columns if c != self.key)
-            sql += f" ON CONFLICT ({self.key}) DO UPDATE SET {updates}"
+        sql = self._insert_sql if self.key is None else self._upsert_sql
         conn.executemany(sql, [self.to_row(m) for m in models])
+
+    @cached_property
+    def _select_from(self) -> str:
+        return f"{self.select()} FROM {self.name}"
 
     def fetch_all(self, conn: sqlite3.Connection, clauses: str = "", params: Sequence[Any] = ()) -> list[M]:
         """Models of the rows matching ``clauses`` (SQL after ``FROM table``: ``WHERE ... ORDER BY ...``)."""
-        rows = conn.execute(f"{self.select()} FROM {self.name} {clauses}", params).fetchall()
+        rows = conn.execute(f"{self._select_from} {clauses}", params).fetchall()
         return [self.from_row(r) for r in rows]
 
     def fetch_one(self, conn: sqlite3.Connection, clauses: str, params: Sequence[Any] = ()) -> M | None:
         """The first model matching ``clauses``, or ``None``."""
-        row = conn.execute(f"{self.select()} FROM {self.name} {clauses} LIMIT 1", params).fetchone()
+        row = conn.execute(f"{self._select_from} {clauses} LIMIT 1", params).fetchone()
         return None if row is None else self.from_row(row)
 
 
