@@ -246,7 +246,7 @@ def test_normal_mode_runs_inline_and_waits_on_the_thread_when_the_file_is_locked
     async def main() -> None:
         store = SqliteLightningStore(path)
         await store.enqueue_rollout({"i": 0})
-        assert store._inline_conn is not None and store._writer.batches == 0
+        assert store._inline.connection is not None and store._writer.batches == 0
 
         blocker = sqlite3.connect(path, isolation_level=None)
         blocker.execute("BEGIN IMMEDIATE")  # another process's write transaction, held for 0.3 s
@@ -343,8 +343,14 @@ def test_a_stream_of_spans_refreshes_the_heartbeat_at_its_resolution(tmp_path: P
             ids = (rollout.rollout_id, claimed.attempt.attempt_id)
 
             def span(i: int) -> Span:
-                return Span(rollout_id=ids[0], attempt_id=ids[1], span_id=f"{i:016x}", trace_id="0" * 32, name="s",
-                            start_time=0.0)
+                return Span(
+                    rollout_id=ids[0],
+                    attempt_id=ids[1],
+                    span_id=f"{i:016x}",
+                    trace_id="0" * 32,
+                    name="s",
+                    start_time=0.0,
+                )
 
             await store.add_span(span(0))  # the first span of a claimed attempt always beats (no heartbeat yet)
             first = (await store.get_attempt(*ids)).last_heartbeat_time

@@ -17,7 +17,8 @@ Rules (DESIGN.md, "The store"):
 from __future__ import annotations
 
 import math
-import uuid
+import secrets
+import time
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -60,14 +61,23 @@ SPAN_HEARTBEAT_RESOLUTION_S: Final = 1.0
 SPAN_HEARTBEAT_RESOLUTION_FRACTION: Final = 0.05
 
 
+def _time_ordered_hex() -> str:
+    """24 hex characters: the time in milliseconds (12), then 48 random bits (12).
+
+    Ids made later sort later (like UUIDv7), so the ids written together sit together at the end of every index on
+    them: a commit touches a few index pages instead of one random page per record.
+    """
+    return f"{time.time_ns() // 1_000_000:012x}{secrets.randbits(48):012x}"
+
+
 def new_rollout_id() -> str:
-    """A fresh rollout id, ``ro-`` and 12 hex characters."""
-    return f"ro-{uuid.uuid4().hex[:12]}"
+    """A fresh rollout id: ``ro-`` and 24 hex characters, time-ordered (see :func:`_time_ordered_hex`)."""
+    return f"ro-{_time_ordered_hex()}"
 
 
 def new_attempt_id() -> str:
-    """A fresh attempt id, ``at-`` and 12 hex characters."""
-    return f"at-{uuid.uuid4().hex[:12]}"
+    """A fresh attempt id: ``at-`` and 24 hex characters, time-ordered (see :func:`_time_ordered_hex`)."""
+    return f"at-{_time_ordered_hex()}"
 
 
 def resources_id_for(version: int) -> str:

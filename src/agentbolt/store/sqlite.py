@@ -5,8 +5,9 @@ committed write survives a crash or ``kill -9`` of the process; ``synchronous=fu
 also survives a power loss or OS crash, at one fsync per commit.
 
 Concurrency: with ``synchronous=normal`` a call runs on the caller's event loop over a connection that never waits for
-a lock (a commit is a ``write()``; no thread switch, no GIL ping-pong); when another connection or process holds the
-write lock, the call goes to the store's writer thread instead, which waits up to ``busy_timeout_s``. With
+a lock (a commit is a ``write()``; no thread switch, no GIL ping-pong), and the calls of tasks running side by side
+share one commit (:mod:`agentbolt.store.sqlite_inline`); when another connection or process holds the write lock, the
+call goes to the store's writer thread instead, which waits up to ``busy_timeout_s``. With
 ``synchronous=full`` every call goes to the writer thread (:mod:`agentbolt.store.sqlite_writer`), which commits the
 calls queued behind each other together (one ``COMMIT`` and fsync for many calls, each call in its own savepoint).
 Every write takes ``BEGIN IMMEDIATE``, which SQLite serializes across connections and processes, so several processes
@@ -20,7 +21,6 @@ import contextlib
 import functools
 import logging
 import sqlite3
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,6 +30,7 @@ from agentbolt.errors import AgentboltError, ConfigError
 from agentbolt.store import rules, tables, waiting
 from agentbolt.store import sqlite_schema as schema
 from agentbolt.store.base import EnqueueRequest, StoreCapabilities
+from agentbolt.store.sqlite_inline import InlineBusy, InlineRunner, LockedElsewhere
 from agentbolt.store.sqlite_writer import GroupCommitThread
 from agentbolt.types import (
     Attempt,
@@ -48,10 +49,6 @@ from agentbolt.types import (
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-class _LockedElsewhere(Exception):
-    """An inline call found the file locked by another connection."""
 
 
 SYNCHRONOUS_MODES: tuple[str, ...] = ("normal", "full")
@@ -119,8 +116,7 @@ class SqliteLightningStore:
         # 2x in-process at C=1, +50-70% through the server at C=8-32). With synchronous=full every commit is an
         # fsync, so calls go to the writer thread, which commits queued calls together.
         self._inline_allowed = synchronous == "normal"
-        self._inline_lock = threading.Lock()
-        self._inline_conn: sqlite3.Connection | None = None
+        self._inline = InlineRunner(functools.partial(self._open_connection, busy_timeout_s=0.0))
         self._writer = GroupCommitThread(self._open_connection, name=f"agentbolt-sqlite-{self.path.name}")
         self._terminal_epoch = 0  # bumped on the executor thread whenever a rollout becomes terminal
         self._notified_epoch = 0
@@ -155,34 +151,16 @@ class SqliteLightningStore:
         if task is None or task.done() or task.get_loop().is_closed():
             self._sweeper = loop.create_task(self._sweep_forever(), name="agentbolt-sqlite-store-sweeper")
         try:
-            if self._inline_allowed and self._inline_lock.acquire(blocking=False):
+            if self._inline_allowed:
                 try:
-                    return self._run_inline(fn, *args)
-                except _LockedElsewhere:
-                    pass  # another connection holds the write lock: wait for it on the writer thread instead
-                finally:
-                    self._inline_lock.release()
+                    return await self._inline.run(fn, *args)
+                except (InlineBusy, LockedElsewhere):
+                    pass  # in use by another thread or loop, or locked by another connection: use the writer thread
             return await self._writer.submit(fn, *args)
         finally:
             if self._terminal_epoch != self._notified_epoch:
                 self._notified_epoch = self._terminal_epoch
                 self._wake_waiters()
-
-    def _run_inline(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn`` on the caller's thread over a connection that never waits for a lock.
-
-        Raises:
-            _LockedElsewhere: the file is locked by another connection (nothing was done; run it on the writer
-                thread, which waits up to ``busy_timeout_s``).
-        """
-        try:
-            if self._inline_conn is None:
-                self._inline_conn = self._open_connection(busy_timeout_s=0.0)
-            return fn(self._inline_conn, *args)
-        except sqlite3.OperationalError as exc:
-            if "locked" in str(exc) or "busy" in str(exc):
-                raise _LockedElsewhere from exc
-            raise
 
     def _wake_waiters(self) -> None:
         """Wake every :meth:`wait_for_rollouts` call, on whichever event loop it waits."""
@@ -631,9 +609,6 @@ class SqliteLightningStore:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
+        self._inline.close()
         await asyncio.to_thread(self._writer.stop)
-        with self._inline_lock:
-            if self._inline_conn is not None:
-                self._inline_conn.close()
-                self._inline_conn = None
         self._wake_waiters()
