@@ -14,6 +14,12 @@ _EXPORTS = {
     "rollout": "agentbolt.runner.agent",
     "LitAgent": "agentbolt.runner.agent",
     "emit_reward": "agentbolt.tracing.emit",
+    "emit_message": "agentbolt.tracing.emit",
+    "emit_object": "agentbolt.tracing.emit",
+    "emit_exception": "agentbolt.tracing.emit",
+    "operation": "agentbolt.tracing.operation",
+    "instrument": "agentbolt.tracing.instrumentors",
+    "trace_attempt": "agentbolt.runner.local",
     "LLM": "agentbolt.types",
     "PromptTemplate": "agentbolt.types",
     "Rollout": "agentbolt.types",
@@ -22,10 +28,27 @@ _EXPORTS = {
 
 if TYPE_CHECKING:
     from agentbolt.runner.agent import LitAgent, rollout
-    from agentbolt.tracing.emit import emit_reward
+    from agentbolt.runner.local import trace_attempt
+    from agentbolt.tracing.emit import emit_exception, emit_message, emit_object, emit_reward
+    from agentbolt.tracing.instrumentors import instrument
+    from agentbolt.tracing.operation import operation
     from agentbolt.types import LLM, PromptTemplate, Rollout, Span
 
-__all__ = ["LLM", "LitAgent", "PromptTemplate", "Rollout", "Span", "emit_reward", "rollout"]
+__all__ = [
+    "LLM",
+    "LitAgent",
+    "PromptTemplate",
+    "Rollout",
+    "Span",
+    "emit_exception",
+    "emit_message",
+    "emit_object",
+    "emit_reward",
+    "instrument",
+    "operation",
+    "rollout",
+    "trace_attempt",
+]
 
 
 def __getattr__(name: str) -> Any:

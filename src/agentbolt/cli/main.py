@@ -37,7 +37,20 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="address to listen on"),
     port: int = typer.Option(8765, help="TCP port (0 = any free port)"),
     model: str | None = typer.Option(
-        None, help="serve an embedded model behind the gateway (qwen2.5-0.5b, smollm2-135m)"
+        None,
+        help="the model behind the gateway: an embedded model (qwen2.5-0.5b, smollm2-135m) for --backend embedded, "
+        "else the remote model name (vllm: default its first model)",
+    ),
+    backend_kind: str | None = typer.Option(
+        None,
+        "--backend",
+        help="inference backend: embedded (default when --model is given), vllm or openai (need --backend-url)",
+    ),
+    backend_url: str | None = typer.Option(
+        None, help="API root of the vllm or openai backend's server, e.g. http://127.0.0.1:8000/v1"
+    ),
+    api_key: str | None = typer.Option(
+        None, envvar="AGENTBOLT_BACKEND_API_KEY", help="API key for the vllm or openai backend's server"
     ),
     token: str | None = typer.Option(
         None, envvar="AGENTBOLT_TOKEN", help="require 'Authorization: Bearer TOKEN' on every route"
@@ -58,11 +71,11 @@ def serve(
 
     async def main() -> None:
         backend = None
-        if model is not None:
-            from agentbolt.inference.embedded import EmbeddedBackend
-            from agentbolt.inference.model_files import prepare_model
+        kind = backend_kind or ("embedded" if model is not None else None)
+        if kind is not None:
+            from agentbolt.inference.backends import open_backend
 
-            backend = EmbeddedBackend.load(prepare_model(model))
+            backend = await open_backend(kind, model=model, url=backend_url, api_key=api_key)
         st = build_store(store)
         try:
             await st.query_workers()  # open the store now: a bad file or an unreachable database fails here, plainly

@@ -2,12 +2,48 @@
 
 The backend owns the tokenizer and the chat template: it turns chat messages into the exact prompt token ids, generates,
 and returns the exact generated ids with one sampling logprob per id. The gateway never tokenizes anything.
+
+Backends (DESIGN.md, "Components"): ``embedded`` (:mod:`agentbolt.inference.embedded`, transformers in this process),
+``vllm`` (:mod:`agentbolt.inference.vllm`, ids from the engine through ``return_token_ids``) and ``openai``
+(:mod:`agentbolt.inference.openai_compat`, any OpenAI-compatible URL; no token ids, so its results say
+``trainable=False``). :func:`agentbolt.inference.backends.open_backend` builds one by name.
+
+Streaming is optional: a backend that also has ``stream`` (:class:`StreamingInferenceBackend`) hands the gateway
+text deltas while it generates; for any other backend the gateway streams the whole result once it is done.
+
+Errors a backend raises (the gateway turns each into an OpenAI-style error answer and a failed, untrainable span):
+
+    ConfigError                      400  the request cannot be served as sent (bad sampling values, template)
+     └── ContextLengthExceededError  400  prompt + max_tokens do not fit the model's context
+    BackendError                     503  the backend is missing, closed or unreachable
+     └── UpstreamError               502  the server a remote backend forwards to answered with an error
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
+
+from agentbolt.errors import BackendError, ConfigError
+
+FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "abort"]
+"""Why generation ended: ``stop`` (a stop token), ``length`` (``max_tokens``), ``tool_calls`` / ``content_filter``
+(as reported by a remote server), ``abort`` (stopped early with :meth:`GenerationStream.cancel`)."""
+
+
+class ContextLengthExceededError(ConfigError):
+    """The prompt plus ``max_tokens`` does not fit the model's context (OpenAI code ``context_length_exceeded``).
+    The message gives both numbers and says what to shorten."""
+
+    http_status = 400
+
+
+class UpstreamError(BackendError):
+    """The server a remote backend (``vllm``, ``openai``) forwards to answered with an error or broke the protocol.
+    The message names the server, its HTTP status and its own message."""
+
+    http_status = 502
 
 
 @dataclass(frozen=True)
@@ -36,22 +72,45 @@ class GenerationResult:
     """What the backend generated, exactly.
 
     Attributes:
-        prompt_token_ids: ``(P,)`` ids the model was fed (chat template applied once, by the backend).
-        response_token_ids: ``(R,)`` ids generated, the stop token included when generation stopped on one.
+        prompt_token_ids: ``(P,)`` ids the model was fed (chat template applied once, by the backend); empty when the
+            backend cannot know them (``openai``).
+        response_token_ids: ``(R,)`` ids generated, the stop token included when generation stopped on one; empty
+            when the backend cannot know them.
         response_logprobs: ``(R,)`` log-probability of each generated id under the sampling distribution
-            (logits / temperature; plain logits when greedy), float32 math.
-        text: the generated ids decoded with special tokens skipped.
-        finish_reason: ``stop`` (a stop token) or ``length`` (``max_tokens`` reached).
+            (logits / temperature; plain logits when greedy), float32 math. Empty when the ids are.
+        text: the generated ids decoded with special tokens skipped (for remote backends: the message content).
+        finish_reason: see :data:`FinishReason`.
         model_version: weights version that produced it (e.g. ``base`` or ``step-3``).
+        extra: backend-specific facts (batch size, queue wait...), recorded nowhere by the gateway.
+        tool_calls: OpenAI ``tool_calls`` already parsed by a remote server (vLLM with a tool parser, an OpenAI
+            endpoint); ``None`` means the gateway parses them out of ``text``.
+        trainable: False when the ids are not the exact ones the model saw and produced (``openai`` backend): the
+            call is recorded for prompt optimization and evaluation but never becomes a training sample.
+        prompt_tokens / completion_tokens: token counts reported by a backend that has no ids; ``None`` means
+            ``len`` of the ids (see :attr:`num_prompt_tokens`, :attr:`num_completion_tokens`).
     """
 
     prompt_token_ids: list[int]
     response_token_ids: list[int]
     response_logprobs: list[float]
     text: str
-    finish_reason: Literal["stop", "length"]
+    finish_reason: FinishReason
     model_version: str
     extra: dict[str, Any] = field(default_factory=dict)
+    tool_calls: list[dict[str, Any]] | None = None
+    trainable: bool = True
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Prompt length in tokens (reported count, else ``len(prompt_token_ids)``)."""
+        return self.prompt_tokens if self.prompt_tokens is not None else len(self.prompt_token_ids)
+
+    @property
+    def num_completion_tokens(self) -> int:
+        """Response length in tokens (reported count, else ``len(response_token_ids)``)."""
+        return self.completion_tokens if self.completion_tokens is not None else len(self.response_token_ids)
 
 
 @runtime_checkable
@@ -65,10 +124,85 @@ class InferenceBackend(Protocol):
     """Current weights version; changes after each training update."""
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
-        """Generate one completion. Concurrent calls may be batched. Raises BackendError on backend failure,
-        ConfigError when the prompt does not fit the context."""
+        """Generate one completion. Concurrent calls may be batched.
+
+        Raises:
+            ContextLengthExceededError: the prompt plus ``max_tokens`` does not fit the context.
+            ConfigError: other request values the backend cannot serve.
+            BackendError: the backend failed (UpstreamError: the remote server answered with an error).
+        """
         ...
 
     async def close(self) -> None:
         """Stop background work and free the model."""
         ...
+
+
+@runtime_checkable
+class GenerationStream(Protocol):
+    """One generation in progress: text deltas while it runs, then the whole :class:`GenerationResult`.
+
+    Use: iterate :meth:`text_deltas` to its end, then ``await result()``. ``"".join(deltas) == result().text``
+    whenever the backend's decoding is prefix-stable (true of byte-level BPE; a backend that must correct an
+    already sent delta logs it, and ``result()`` stays the truth).
+    """
+
+    def text_deltas(self) -> AsyncIterator[str]:
+        """The generated text, piece by piece, as it is generated (empty pieces are never yielded).
+
+        Raises:
+            BackendError: generation failed midway (UpstreamError: the remote server reported an error).
+        """
+        ...
+
+    async def result(self) -> GenerationResult:
+        """The whole result, once generation has ended (waits for it). After :meth:`cancel`, what was generated up
+        to then, with ``finish_reason="abort"`` unless it had already ended.
+
+        Raises:
+            BackendError: generation failed.
+        """
+        ...
+
+    def cancel(self) -> None:
+        """Ask the backend to stop generating (the client went away). Idempotent, never blocks, never raises;
+        :meth:`text_deltas` then ends soon and :meth:`result` returns the partial result."""
+        ...
+
+
+@runtime_checkable
+class StreamingInferenceBackend(InferenceBackend, Protocol):
+    """A backend that can hand out text while it generates."""
+
+    async def stream(self, request: GenerationRequest) -> GenerationStream:
+        """Start one generation. Returns once it has been accepted, so that errors known before the first token
+        (context length, bad values, an unreachable server) are raised here, as by :meth:`generate`."""
+        ...
+
+
+class FinishedStream:
+    """A :class:`GenerationStream` over an already finished result: the whole text as one delta. The gateway uses
+    it for backends without ``stream``."""
+
+    def __init__(self, result: GenerationResult) -> None:
+        self._result = result
+
+    async def text_deltas(self) -> AsyncIterator[str]:
+        """Yield the whole text once (nothing when it is empty)."""
+        if self._result.text:
+            yield self._result.text
+
+    async def result(self) -> GenerationResult:
+        """The result given at construction."""
+        return self._result
+
+    def cancel(self) -> None:
+        """Nothing to stop."""
+
+
+async def start_stream(backend: InferenceBackend, request: GenerationRequest) -> GenerationStream:
+    """Start ``request`` on ``backend`` as a stream: the backend's own ``stream`` when it has one, else a
+    :class:`FinishedStream` over ``generate`` (the whole text arrives at the end). Raises what the backend raises."""
+    if isinstance(backend, StreamingInferenceBackend):
+        return await backend.stream(request)
+    return FinishedStream(await backend.generate(request))

@@ -9,6 +9,13 @@ its future. ONE worker thread takes up to ``max_batch_size`` queued requests tha
 (temperature, top_p), left-pads them, runs ``model.generate`` under ``torch.inference_mode()``, cuts each row at its
 first stop id or its own ``max_tokens``, and resolves each future through ``loop.call_soon_threadsafe``.
 
+Streaming (:meth:`EmbeddedBackend.stream`): true token-by-token. The same batched ``generate`` call gets a streamer
+(:class:`~agentbolt.inference.generation_hooks.RowStreamer`) that hands each streaming row's new id to its event
+loop as soon as it is sampled; the stream decodes ids incrementally into text deltas (a delta is held back while it
+ends inside a multi-byte character). :meth:`_EmbeddedStream.cancel` stops that row at its next step
+(:class:`~agentbolt.inference.generation_hooks.RowCancel`); the result then holds the ids generated until then,
+with ``finish_reason="abort"``. Other rows of the batch are not affected.
+
 Sampling logprobs: for each generated id, ``log_softmax(logits.float() / temperature)`` (temperature 1 when greedy)
 of the raw model logits, gathered at the id. They are recorded step by step inside ``generate`` (a logits processor
 that sees the raw logits), so memory stays ``(B, V)`` instead of ``output_logits``' ``(T, B, V)`` (about 0.6 MB per
@@ -30,10 +37,11 @@ import logging
 import os
 import threading
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from transformers import (
@@ -47,9 +55,9 @@ from transformers import (
 )
 
 from agentbolt.errors import BackendError, ConfigError
-from agentbolt.inference.base import GenerationRequest, GenerationResult
+from agentbolt.inference.base import ContextLengthExceededError, FinishReason, GenerationRequest, GenerationResult
 from agentbolt.inference.chat_format import normalize_messages, tools_in_system_message
-from agentbolt.inference.generation_hooks import RowBudget, SamplingLogprobs, ThroughputStats
+from agentbolt.inference.generation_hooks import RowBudget, RowCancel, RowStreamer, SamplingLogprobs, ThroughputStats
 from agentbolt.inference.model_files import MARKER_FILE, MODEL_SPECS, prepare_model
 
 logger = logging.getLogger(__name__)
@@ -67,6 +75,13 @@ class _Pending:
     future: asyncio.Future[GenerationResult]
     loop: asyncio.AbstractEventLoop
     enqueued_s: float = field(default_factory=time.monotonic)
+    on_token: Callable[[int], None] | None = None
+    """Streaming requests: called from the worker thread with each new id, as it is sampled."""
+    cancel_requested: bool = False
+    """Set (from the event loop) to stop generating this row; read by the worker thread."""
+
+    def is_cancelled(self) -> bool:
+        return self.cancel_requested
 
     @property
     def batch_key(self) -> tuple[float, float]:
@@ -275,25 +290,50 @@ class EmbeddedBackend:
         """Generate one completion; concurrent calls are batched.
 
         Raises:
-            ConfigError: bad sampling values, or prompt + ``max_tokens`` exceeds ``max_context_tokens``.
+            ContextLengthExceededError: prompt + ``max_tokens`` exceeds ``max_context_tokens``.
+            ConfigError: bad sampling values, or the chat template rejects the messages.
             BackendError: the backend is closed or generation failed.
         """
+        pending = self._submit(request)
+        return await pending.future
+
+    async def stream(self, request: GenerationRequest) -> _EmbeddedStream:
+        """Start one completion and stream it token by token (see the module docstring); it is batched with
+        concurrent requests like :meth:`generate`.
+
+        Raises:
+            ContextLengthExceededError, ConfigError, BackendError: as :meth:`generate`, before anything is generated.
+        """
+        loop = asyncio.get_running_loop()
+        tokens: asyncio.Queue[int | None] = asyncio.Queue()
+
+        def on_token(token_id: int) -> None:  # worker thread
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening
+                loop.call_soon_threadsafe(tokens.put_nowait, token_id)
+
+        pending = self._submit(request, on_token)
+        # Runs in the loop after every token callback scheduled before the future was settled: the end marker.
+        pending.future.add_done_callback(lambda _: tokens.put_nowait(None))
+        return _EmbeddedStream(self, pending, tokens)
+
+    def _submit(self, request: GenerationRequest, on_token: Callable[[int], None] | None = None) -> _Pending:
+        """Check and encode ``request`` (in the caller's loop), then queue it for the worker."""
         _check_sampling(request)
         prompt_token_ids = self.encode_prompt(request.messages, request.tools)
         if len(prompt_token_ids) + request.max_tokens > self.max_context_tokens:
-            raise ConfigError(
+            raise ContextLengthExceededError(
                 f"the prompt has {len(prompt_token_ids)} tokens and max_tokens is {request.max_tokens}: together "
                 f"more than the model's context of {self.max_context_tokens} tokens; shorten the conversation "
                 "or lower max_tokens"
             )
         loop = asyncio.get_running_loop()
-        pending = _Pending(request, prompt_token_ids, loop.create_future(), loop)
+        pending = _Pending(request, prompt_token_ids, loop.create_future(), loop, on_token=on_token)
         with self._cond:
             if self._closed:
                 raise BackendError("the embedded backend is closed")
             self._queue.append(pending)
             self._cond.notify_all()
-        return await pending.future
+        return pending
 
     async def close(self) -> None:
         """Stop the worker after its running batch; queued requests get BackendError. Idempotent."""
@@ -372,7 +412,14 @@ class EmbeddedBackend:
         """Remove from the queue the oldest request and the queued ones that can share its batch: same
         temperature and top_p, no seed, and the padded prompt plus the longest ``max_tokens`` fits the context.
         A seeded request runs alone (the seed sets the sampling RNG for the whole batch)."""
-        live = [p for p in self._queue if not p.future.cancelled()]
+        live: list[_Pending] = []
+        for pending in self._queue:
+            if pending.future.cancelled():
+                continue
+            if pending.cancel_requested:  # a stream cancelled before it started: nothing was generated
+                _resolve(pending, self._empty_result(pending))
+                continue
+            live.append(pending)
         self._queue.clear()
         if not live:
             return []
@@ -395,6 +442,16 @@ class EmbeddedBackend:
         taken = {id(p) for p in batch}
         self._queue.extend(p for p in live if id(p) not in taken)
         return batch
+
+    def _empty_result(self, pending: _Pending) -> GenerationResult:
+        return GenerationResult(
+            prompt_token_ids=list(pending.prompt_token_ids),
+            response_token_ids=[],
+            response_logprobs=[],
+            text="",
+            finish_reason="abort",
+            model_version=self.model_version,
+        )
 
     def _generate_batch(self, batch: list[_Pending]) -> list[GenerationResult]:
         """Run one ``model.generate`` over ``batch`` (left-padded) and cut each row's response."""
@@ -422,6 +479,18 @@ class EmbeddedBackend:
             **sampling,
         )
         recorder = SamplingLogprobs(temperature)
+        criteria: list[Any] = [RowBudget(prompt_len, max_tokens_B.to(self.device))]
+        row_cancel: RowCancel | None = None
+        streamer: RowStreamer | None = None
+        if any(p.on_token is not None for p in batch):
+            row_cancel = RowCancel(prompt_len, [p.is_cancelled for p in batch])
+            criteria.append(row_cancel)
+            streamer = RowStreamer(
+                [p.on_token for p in batch],
+                set(self.stop_token_ids),
+                [p.request.max_tokens for p in batch],
+                [p.is_cancelled for p in batch],
+            )
         model = self.model
         model_version = self.model_version
         was_training = bool(getattr(model, "training", False))
@@ -436,7 +505,8 @@ class EmbeddedBackend:
                     attention_mask=attention_mask_BL.to(self.device),
                     generation_config=generation_config,
                     logits_processor=LogitsProcessorList([recorder]),
-                    stopping_criteria=StoppingCriteriaList([RowBudget(prompt_len, max_tokens_B.to(self.device))]),
+                    stopping_criteria=StoppingCriteriaList(criteria),
+                    streamer=streamer,
                 )
                 generated_BT = output.sequences[:, prompt_len:]
                 logprobs_BT = recorder.finish(generated_BT).cpu()
@@ -449,8 +519,14 @@ class EmbeddedBackend:
         results: list[GenerationResult] = []
         stop_ids = set(self.stop_token_ids)
         for row, pending in enumerate(batch):
-            ids = generated_BT[row].tolist()[: pending.request.max_tokens]
-            finish_reason: Literal["stop", "length"] = "length"
+            limit = pending.request.max_tokens
+            stopped_at = row_cancel.stopped_at[row] if row_cancel is not None else None
+            if stopped_at is not None:
+                limit = min(limit, stopped_at)
+            ids = generated_BT[row].tolist()[:limit]
+            finish_reason: FinishReason = "length"
+            if stopped_at is not None and stopped_at < pending.request.max_tokens:
+                finish_reason = "abort"
             for index, token_id in enumerate(ids):
                 if token_id in stop_ids:
                     ids = ids[: index + 1]
@@ -476,6 +552,49 @@ class EmbeddedBackend:
         self.stats.generation_s += elapsed_s
         self.stats.generated_tokens += sum(len(r.response_token_ids) for r in results)
         return results
+
+
+class _EmbeddedStream:
+    """A :class:`~agentbolt.inference.base.GenerationStream` of the embedded backend (built by
+    :meth:`EmbeddedBackend.stream`)."""
+
+    def __init__(self, backend: EmbeddedBackend, pending: _Pending, tokens: asyncio.Queue[int | None]) -> None:
+        self._backend = backend
+        self._pending = pending
+        self._tokens = tokens
+
+    async def text_deltas(self) -> AsyncIterator[str]:
+        """Text as ids arrive. Incremental decoding: only the ids since the last complete character are decoded
+        again at each step (O(1) per token), so a multi-byte character split over ids is sent whole."""
+        tokenizer = self._backend.tokenizer
+        ids: list[int] = []
+        prefix_offset = read_offset = 0
+        sent = 0  # characters sent
+        while True:
+            token_id = await self._tokens.get()
+            if token_id is None:
+                break
+            ids.append(token_id)
+            prefix_text = str(tokenizer.decode(ids[prefix_offset:read_offset], skip_special_tokens=True))
+            text = str(tokenizer.decode(ids[prefix_offset:], skip_special_tokens=True))
+            if len(text) > len(prefix_text) and not text.endswith("\ufffd"):
+                delta = text[len(prefix_text) :]
+                prefix_offset, read_offset = read_offset, len(ids)
+                sent += len(delta)
+                yield delta
+        result = await self.result()
+        if sent < len(result.text):
+            yield result.text[sent:]  # a character held back at the very end (or a model that ended mid-character)
+
+    async def result(self) -> GenerationResult:
+        """The whole result (see :class:`~agentbolt.inference.base.GenerationStream`)."""
+        return await asyncio.shield(self._pending.future)
+
+    def cancel(self) -> None:
+        """Stop this row at its next generation step (or before it starts)."""
+        self._pending.cancel_requested = True
+        with self._backend._cond:
+            self._backend._cond.notify_all()
 
 
 # ---------------------------------------------------------------------- pure helpers

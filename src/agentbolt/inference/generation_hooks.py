@@ -1,13 +1,15 @@
 """Pieces of one ``model.generate`` call of the embedded backend: the logits processor that records sampling
-logprobs, the per-row token budget, and the throughput counters."""
+logprobs, the per-row token budget, per-row cancellation and streaming, and the throughput counters."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers import LogitsProcessor, StoppingCriteria
+from transformers.generation.streamers import BaseStreamer
 
 
 @dataclass
@@ -80,3 +82,67 @@ class RowBudget(StoppingCriteria):
     ) -> torch.BoolTensor:
         done = (input_ids.shape[1] - self._prompt_len) >= self._max_tokens_B
         return done  # type: ignore[return-value]
+
+
+class RowCancel(StoppingCriteria):
+    """Stops the rows whose request was cancelled (``cancelled[row]()`` is true) and remembers, in
+    :attr:`stopped_at`, how many ids each had generated when it stopped (those ids are real; later ones are padding).
+    """
+
+    def __init__(self, prompt_len: int, cancelled: list[Callable[[], bool]]) -> None:
+        self._prompt_len = prompt_len
+        self._cancelled = cancelled
+        self.stopped_at: list[int | None] = [None] * len(cancelled)
+
+    def __call__(
+        self, input_ids: torch.LongTensor, scores: tuple[torch.Tensor] | None, **kwargs: Any
+    ) -> torch.BoolTensor:
+        generated = input_ids.shape[1] - self._prompt_len
+        for row, is_cancelled in enumerate(self._cancelled):
+            if self.stopped_at[row] is None and is_cancelled():
+                self.stopped_at[row] = generated
+        done = [at is not None for at in self.stopped_at]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)  # type: ignore[return-value]
+
+
+class RowStreamer(BaseStreamer):
+    """A ``generate`` streamer that hands each streaming row's new id to ``sinks[row]`` (from the generation
+    thread) as soon as it is sampled, until the row ends: on a stop id (which is handed over too), at
+    ``max_tokens[row]`` ids, or when ``cancelled[row]()``. Rows whose sink is ``None`` are not streamed.
+
+    ``generate`` first puts the prompt ids ``(B, L)``, then one ``(B,)`` tensor of new ids per step.
+    """
+
+    def __init__(
+        self,
+        sinks: list[Callable[[int], None] | None],
+        stop_ids: set[int],
+        max_tokens: list[int],
+        cancelled: list[Callable[[], bool]],
+    ) -> None:
+        self._sinks = sinks
+        self._stop_ids = stop_ids
+        self._max_tokens = max_tokens
+        self._cancelled = cancelled
+        self._counts = [0] * len(sinks)
+        self._live = [sink is not None for sink in sinks]
+        self._prompt_seen = False
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self._prompt_seen:
+            self._prompt_seen = True
+            return
+        for row, token_id in enumerate(value.reshape(-1).tolist()):
+            sink = self._sinks[row]
+            if not self._live[row] or sink is None:
+                continue
+            if self._cancelled[row]():
+                self._live[row] = False
+                continue
+            self._counts[row] += 1
+            sink(int(token_id))
+            if token_id in self._stop_ids or self._counts[row] >= self._max_tokens[row]:
+                self._live[row] = False
+
+    def end(self) -> None:
+        return None

@@ -11,6 +11,7 @@ import importlib
 import logging
 import multiprocessing as mp
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event as MpEvent
@@ -47,7 +48,14 @@ def load_agent(reference: str) -> LitAgent:
 
 
 def _runner_main(
-    agent_ref: str, store_url: str, token: str | None, worker_id: str, concurrency: int, stop: MpEvent, path: list[str]
+    agent_ref: str,
+    store_url: str,
+    token: str | None,
+    worker_id: str,
+    concurrency: int,
+    stop: MpEvent,
+    path: list[str],
+    instrument: bool | list[str] = True,
 ) -> None:
     for entry in path:
         if entry not in sys.path:
@@ -58,7 +66,9 @@ def _runner_main(
 
     async def main() -> None:
         store = HttpLightningStore(store_url, token=token)
-        runner = Runner(load_agent(agent_ref), store, worker_id=worker_id, concurrency=concurrency)
+        runner = Runner(
+            load_agent(agent_ref), store, worker_id=worker_id, concurrency=concurrency, instrument=instrument
+        )
         try:
             await runner.run(stop=stop.is_set)
         finally:
@@ -88,17 +98,28 @@ class RunnerPool:
 
 
 def start_runner_processes(
-    agent_ref: str, store_url: str, *, n_processes: int = 2, concurrency: int = 4, token: str | None = None
+    agent_ref: str,
+    store_url: str,
+    *,
+    n_processes: int = 2,
+    concurrency: int = 4,
+    token: str | None = None,
+    instrument: bool | Sequence[str] = True,
 ) -> RunnerPool:
-    """Start ``n_processes`` spawned runner processes, each running ``concurrency`` rollouts at once."""
+    """Start ``n_processes`` spawned runner processes, each running ``concurrency`` rollouts at once.
+
+    ``instrument`` is passed to each :class:`~agentbolt.runner.worker.Runner` (frameworks to instrument; ``True``:
+    every installed one). Spans go to the server over OTLP/HTTP (``<store_url>/v1/traces``).
+    """
     load_agent(agent_ref)  # fail here, with a clear error, rather than in every child
+    wanted: bool | list[str] = instrument if isinstance(instrument, bool) else list(instrument)
     ctx = mp.get_context("spawn")
     stop = ctx.Event()
     procs = []
     for i in range(n_processes):
         proc = ctx.Process(
             target=_runner_main,
-            args=(agent_ref, store_url, token, f"runner-{i}", concurrency, stop, list(sys.path)),
+            args=(agent_ref, store_url, token, f"runner-{i}", concurrency, stop, list(sys.path), wanted),
             name=f"agentbolt-runner-{i}",
             daemon=True,
         )

@@ -3,7 +3,20 @@
 One runner holds ``concurrency`` slots; each slot loops: claim -> fetch resources -> mark running -> run the agent
 (a sync agent in a thread, an async one on the loop) -> report ``succeeded`` with the final reward, or ``failed``
 with the error. A heartbeat task refreshes the worker and its attempts every ``heartbeat_interval_s``.
-Spans emitted by the agent are written to the store from the runner's loop; the agent never waits on the network.
+
+Tracing: each attempt runs under its own :class:`~agentbolt.tracing.AttemptContext`, so every OpenTelemetry span it
+records (``emit_*``, ``@operation``, instrumented frameworks) carries its rollout and attempt ids and nests as it
+happened (see :mod:`agentbolt.tracing.otel`). The spans go to the store through one
+:class:`~agentbolt.tracing.export.ExportQueue` per runner, in the background, as soon as each ends: over OTLP/HTTP
+to ``<server>/v1/traces`` when the store is an :class:`~agentbolt.client.HttpLightningStore`, else straight into
+the store with ``add_spans`` on the runner's loop. Before an attempt is reported finished, the runner waits (up to
+``span_flush_timeout_s``) until every span it recorded so far has been exported, and counts spans that could not be.
+The frameworks named by ``instrument`` are instrumented while the runner runs (see
+:mod:`agentbolt.tracing.instrumentors`).
+
+Final reward: the agent's returned number, else its last unnamed ``emit_reward``. A returned number is also
+recorded as an unnamed reward span, after everything the agent recorded. An exception that ends the attempt is
+recorded as an ``agentbolt.exception`` span.
 """
 
 from __future__ import annotations
@@ -14,44 +27,67 @@ import logging
 import math
 import traceback
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from agentbolt import semconv
+from opentelemetry.sdk.trace.export import SpanExporter
+
 from agentbolt.adapter import last_reward
+from agentbolt.client import HttpLightningStore
 from agentbolt.runner.agent import LitAgent
 from agentbolt.store.base import LightningStore
+from agentbolt.tracing import instrumentors
 from agentbolt.tracing.context import AttemptContext, attempt_scope
-from agentbolt.types import LLM, AttemptedRollout, AttemptStatus, Resource, Span
+from agentbolt.tracing.emit import emit_exception, emit_reward
+from agentbolt.tracing.export import ExportQueue, StoreSpanExporter, otlp_exporter
+from agentbolt.tracing.otel import span_router, tracer_provider
+from agentbolt.types import LLM, AttemptedRollout, AttemptStatus, Resource
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class RunnerStats:
-    """Counters of one runner: attempts that succeeded, failed (agent raised), and spans written."""
+    """Counters of one runner.
+
+    Attributes:
+        succeeded / failed: attempts reported succeeded, or failed because the agent (or its setup) raised.
+        spans_written: spans the store acknowledged.
+        span_write_errors: spans the exporter could not write (the store refused them or could not be reached).
+        spans_dropped: spans never sent (the export queue was full).
+    """
 
     succeeded: int = 0
     failed: int = 0
     spans_written: int = 0
     span_write_errors: int = 0
+    spans_dropped: int = 0
 
 
 @dataclass
 class _Slot:
-    """One concurrent rollout: its attempt, and its spans waiting to be written in emission order."""
+    """One concurrent rollout slot: the attempt it runs now (for heartbeats)."""
 
     attempt: tuple[str, str] | None = None
-    buffer: list[Span] = field(default_factory=list)
-    writer: asyncio.Task[None] | None = None
 
 
 def final_reward_of(ctx: AttemptContext, returned: Any) -> float | None:
-    """The attempt's final reward: the agent's returned number if any, else its last unnamed ``emit_reward``."""
+    """The attempt's final reward: the agent's returned number if finite, else its last unnamed ``emit_reward``."""
     if isinstance(returned, bool | int | float) and math.isfinite(float(returned)):
         return float(returned)
     return last_reward(ctx.spans)
+
+
+def span_exporter_for(store: LightningStore, loop: asyncio.AbstractEventLoop) -> SpanExporter:
+    """The exporter a runner uses for ``store``: OTLP/HTTP to the server behind an
+    :class:`~agentbolt.client.HttpLightningStore` (with its bearer token), else a
+    :class:`~agentbolt.tracing.export.StoreSpanExporter` writing into the in-process store on ``loop``."""
+    if isinstance(store, HttpLightningStore):
+        auth = store._headers.get("Authorization", "")
+        token = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else None
+        return otlp_exporter(store.base_url, token=token)
+    return StoreSpanExporter(store, loop)
 
 
 class Runner:
@@ -64,6 +100,14 @@ class Runner:
         concurrency: rollouts run at once (sync agents each take a thread).
         poll_interval_s: sleep between claims when the queue is empty.
         heartbeat_interval_s: period of worker and attempt heartbeats.
+        instrument: frameworks to instrument while the runner runs (:mod:`agentbolt.tracing.instrumentors`):
+            ``True`` every one whose instrumentor and framework are installed, ``False`` none, or names (a named
+            one that is not available makes :meth:`run` raise ``FrameworkUnavailable`` before any claim).
+        span_exporter: where spans go (default: :func:`span_exporter_for` the store); shut down by :meth:`close`.
+        span_flush_timeout_s: how long an attempt's end waits for its spans to be exported before reporting anyway.
+
+    Call :meth:`close` after using :meth:`run_attempt` directly (:meth:`run` closes by itself): it exports what is
+    left, stops the export thread and releases the instrumentation.
     """
 
     def __init__(
@@ -75,6 +119,9 @@ class Runner:
         concurrency: int = 1,
         poll_interval_s: float = 0.1,
         heartbeat_interval_s: float = 2.0,
+        instrument: bool | str | Sequence[str] = True,
+        span_exporter: SpanExporter | None = None,
+        span_flush_timeout_s: float = 30.0,
     ) -> None:
         self.agent = agent
         self.store = store
@@ -82,26 +129,67 @@ class Runner:
         self.concurrency = concurrency
         self.poll_interval_s = poll_interval_s
         self.heartbeat_interval_s = heartbeat_interval_s
+        self.instrument = instrument
+        self.span_flush_timeout_s = span_flush_timeout_s
         self.stats = RunnerStats()
+        self._span_exporter = span_exporter
+        self._export: ExportQueue | None = None
+        self._export_lock: asyncio.Lock | None = None  # made on the loop that first needs it
+        self._frameworks: list[str] = []
         self._slots = [_Slot() for _ in range(concurrency)]
 
     async def run(self, stop: asyncio.Event | Callable[[], bool] | None = None) -> RunnerStats:
-        """Run until ``stop`` is set (an ``asyncio.Event`` or a callable returning True)."""
+        """Run until ``stop`` is set (an ``asyncio.Event`` or a callable returning True), then :meth:`close`.
+
+        Raises:
+            FrameworkUnavailable: a framework named in ``instrument`` cannot be instrumented (before any claim).
+            ConfigError: ``OTEL_SDK_DISABLED=true`` is set (nothing could be recorded; before any claim).
+        """
 
         def stopped() -> bool:
             if stop is None:
                 return False
             return stop.is_set() if isinstance(stop, asyncio.Event) else bool(stop())
 
-        await self.store.heartbeat(self.worker_id)
-        beat = asyncio.create_task(self._heartbeat_loop(stopped))
         try:
-            await asyncio.gather(*(self._slot_loop(slot, stopped) for slot in self._slots))
+            await self._tracing()  # a framework that cannot be instrumented fails here, before any claim
+            await self.store.heartbeat(self.worker_id)
+            beat = asyncio.create_task(self._heartbeat_loop(stopped))
+            try:
+                await asyncio.gather(*(self._slot_loop(slot, stopped) for slot in self._slots))
+            finally:
+                beat.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await beat
         finally:
-            beat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beat
+            await self.close()
         return self.stats
+
+    async def close(self) -> None:
+        """Export the spans still queued, stop the export thread, release the instrumented frameworks."""
+        export, self._export = self._export, None
+        self._export_lock = None
+        if export is not None:
+            if not await export.flush(self.span_flush_timeout_s):
+                logger.warning("spans of runner %s were still being exported at close", self.worker_id)
+            await asyncio.to_thread(export.shutdown)
+        frameworks, self._frameworks = self._frameworks, []
+        if frameworks:
+            await asyncio.to_thread(instrumentors.release, frameworks)
+
+    async def _tracing(self) -> ExportQueue:
+        """The export queue, made (and the frameworks instrumented) on first use."""
+        if self._export_lock is None:
+            self._export_lock = asyncio.Lock()
+        async with self._export_lock:
+            if self._export is None:
+                tracer_provider()  # fails here (ConfigError) when OpenTelemetry is disabled by the environment
+                if self.instrument is not False and not self._frameworks:
+                    wanted = None if self.instrument is True else self.instrument
+                    self._frameworks = await asyncio.to_thread(instrumentors.acquire, wanted)
+                exporter = self._span_exporter or span_exporter_for(self.store, asyncio.get_running_loop())
+                self._export = ExportQueue(exporter, name=f"agentbolt-spans-{self.worker_id}")
+            return self._export
 
     async def _heartbeat_loop(self, stopped: Callable[[], bool]) -> None:
         while not stopped():
@@ -135,45 +223,36 @@ class Runner:
         }
 
     async def run_attempt(self, claimed: AttemptedRollout, slot: _Slot | None = None) -> None:
-        """Run the agent on one claimed attempt and report its end state. Never raises for agent errors."""
+        """Run the agent on one claimed attempt and report its end state. Never raises for agent errors.
+
+        Raises:
+            FrameworkUnavailable: on the first attempt, a framework named in ``instrument`` cannot be instrumented.
+        """
         slot = slot or _Slot()
         rollout, attempt = claimed.rollout, claimed.attempt
-        loop = asyncio.get_running_loop()
+        export = await self._tracing()
         slot.attempt = (rollout.rollout_id, attempt.attempt_id)
-
-        def sink(span: Span) -> None:
-            # Called from the agent's thread or the loop: queue the span and return at once. One writer task per
-            # slot sends queued spans in batches, in emission order, so the store numbers them in that order.
-            def schedule() -> None:
-                slot.buffer.append(span)
-                if slot.writer is None or slot.writer.done():
-                    slot.writer = asyncio.ensure_future(self._flush(slot))
-
-            loop.call_soon_threadsafe(schedule)
-
-        ctx = AttemptContext(rollout.rollout_id, attempt.attempt_id, sink=sink)
+        ctx = AttemptContext(rollout.rollout_id, attempt.attempt_id, export=export)
         try:
             resources = await self._resources(claimed)
             await self.store.update_attempt(rollout.rollout_id, attempt.attempt_id, AttemptStatus.RUNNING)
             returned = await self._call_agent(ctx, rollout.input, resources, claimed)
             reward = final_reward_of(ctx, returned)
             if isinstance(returned, bool | int | float):
-                ctx.record(semconv.SPAN_REWARD, {semconv.REWARD_VALUE: float(returned)})
-            await self._drain(slot)
+                if math.isfinite(float(returned)):
+                    with attempt_scope(ctx):
+                        emit_reward(float(returned))
+                else:
+                    logger.warning("agent returned %r for %s; ignored as a reward", returned, attempt.attempt_id)
+            await self._finish_spans(ctx, export)
             await self.store.update_attempt(
                 rollout.rollout_id, attempt.attempt_id, AttemptStatus.SUCCEEDED, final_reward=reward
             )
             self.stats.succeeded += 1
         except Exception as exc:
-            ctx.record(
-                semconv.SPAN_EXCEPTION,
-                {
-                    semconv.EXCEPTION_TYPE: type(exc).__name__,
-                    semconv.EXCEPTION_MESSAGE: str(exc),
-                    semconv.EXCEPTION_STACKTRACE: traceback.format_exc(),
-                },
-            )
-            await self._drain(slot)
+            with attempt_scope(ctx):
+                emit_exception(exc)
+            await self._finish_spans(ctx, export)
             error = {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}
             try:
                 await self.store.update_attempt(
@@ -200,23 +279,18 @@ class Runner:
 
         return await asyncio.to_thread(in_thread)
 
-    async def _flush(self, slot: _Slot) -> None:
-        while slot.buffer:
-            batch = list(slot.buffer)
-            slot.buffer.clear()
-            try:
-                await self.store.add_spans(batch)
-                self.stats.spans_written += len(batch)
-            except Exception as exc:
-                self.stats.span_write_errors += len(batch)
-                logger.warning("%d spans of attempt %s were not stored: %r", len(batch), batch[0].attempt_id, exc)
-
-    async def _drain(self, slot: _Slot) -> None:
-        # Let callbacks scheduled with call_soon_threadsafe run, then wait for the writer to empty the queue.
-        await asyncio.sleep(0)
-        while slot.buffer or (slot.writer is not None and not slot.writer.done()):
-            if slot.writer is not None and not slot.writer.done():
-                await slot.writer
-            elif slot.buffer:
-                slot.writer = asyncio.ensure_future(self._flush(slot))
-            await asyncio.sleep(0)
+    async def _finish_spans(self, ctx: AttemptContext, export: ExportQueue) -> None:
+        """Wait until the attempt's spans are exported; count what was written, failed or dropped."""
+        if not await export.flush(self.span_flush_timeout_s):
+            logger.warning(
+                "spans of attempt %s were still being exported after %.0f s; reporting the attempt anyway",
+                ctx.attempt_id,
+                self.span_flush_timeout_s,
+            )
+        counts = export.take_attempt_counts(ctx.attempt_id)
+        self.stats.spans_written += counts.exported
+        self.stats.span_write_errors += counts.failed
+        self.stats.spans_dropped += counts.dropped
+        open_spans = span_router().forget(ctx)
+        if open_spans:
+            logger.info("attempt %s ended with %d spans never ended; they are not recorded", ctx.attempt_id, open_spans)

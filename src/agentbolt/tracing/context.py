@@ -1,9 +1,18 @@
 """The attempt context: which attempt the current code runs under, and where its spans go.
 
-The runner opens one :class:`AttemptContext` per attempt and binds it to a ``contextvars`` variable, so that
-``emit_reward`` called anywhere inside the agent (threads started with ``contextvars.copy_context`` included) knows
-its attempt. Spans are handed to a sink callback that must not block (the runner's sink schedules the store write
-on its event loop and returns at once).
+The runner opens one :class:`AttemptContext` per attempt and binds it to a ``contextvars`` variable with
+:func:`attempt_scope`, so that every span started while it is bound (by ``emit_*``, ``@operation`` or an
+instrumented framework) belongs to that attempt. The binding follows the code into coroutines, tasks and threads
+started with a copy of the context (``asyncio.to_thread``, ``contextvars.copy_context().run``); a thread started
+without one (a plain ``threading.Thread`` or a ``ThreadPoolExecutor``) does not see it, and what it records is not
+attributed to any attempt. A span whose parent belongs to an attempt belongs to that attempt too, wherever it starts.
+
+When a span of the attempt ends, agentbolt's span processor (:mod:`agentbolt.tracing.otel`) turns it into an
+:class:`agentbolt.types.Span`, appends it to :attr:`AttemptContext.spans` and hands the OpenTelemetry span to
+:attr:`AttemptContext.export`, the runner's exporter to the store. Neither step waits on the network.
+
+Binding a context outside a runner works too: the spans are then only collected in :attr:`AttemptContext.spans`
+(see :func:`agentbolt.runner.local.trace_attempt` for the debugging helper built on this).
 """
 
 from __future__ import annotations
@@ -11,14 +20,16 @@ from __future__ import annotations
 import contextvars
 import os
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from agentbolt.types import Span
 
-SpanSink = Callable[[Span], None]
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+    from opentelemetry.trace import Tracer
 
 
 def new_span_id() -> str:
@@ -31,41 +42,55 @@ def new_trace_id() -> str:
     return os.urandom(16).hex()
 
 
-@dataclass
+@dataclass(eq=False)
 class AttemptContext:
-    """Where the spans of one attempt go.
+    """The spans of one attempt, and where they go.
 
     Attributes:
-        rollout_id / attempt_id: the attempt.
-        trace_id: the OpenTelemetry trace id shared by all its spans.
-        sink: called with each finished span; must return without waiting on the network.
-        spans: every span emitted through this context (kept for the runner and for local debugging).
+        rollout_id / attempt_id: the attempt; every span recorded under this context carries them as the span
+            attributes ``agentbolt.rollout_id`` / ``agentbolt.attempt_id``.
+        trace_id: the OpenTelemetry trace id (32 hex characters) of every root span started under this context, so
+            that all spans of the attempt form one trace.
+        export: an OpenTelemetry ``SpanProcessor`` that receives each finished span of the attempt (the runner's
+            exporter to the store); ``None`` keeps the spans in memory only. Its ``on_end`` must not block.
+        spans: every finished span of the attempt, converted, in the order the spans ended (thread-safe to read
+            after the attempt; while it runs, take a copy with ``list(ctx.spans)``).
     """
 
     rollout_id: str
     attempt_id: str
-    sink: SpanSink | None = None
     trace_id: str = field(default_factory=new_trace_id)
+    export: SpanProcessor | None = None
     spans: list[Span] = field(default_factory=list)
+    _by_span_id: dict[str, Span] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def record(self, name: str, attributes: dict[str, object], start_time: float | None = None) -> Span:
-        """Build a span of this attempt, remember it and hand it to the sink."""
-        now = time.time()
-        span = Span(
-            rollout_id=self.rollout_id,
-            attempt_id=self.attempt_id,
-            span_id=new_span_id(),
-            trace_id=self.trace_id,
-            name=name,
-            start_time=start_time if start_time is not None else now,
-            end_time=now,
-            attributes=dict(attributes),
-        )
+    @property
+    def tracer(self) -> Tracer:
+        """agentbolt's OpenTelemetry tracer (from :func:`agentbolt.tracing.otel.tracer_provider`)."""
+        from agentbolt.tracing.otel import agentbolt_tracer
+
+        return agentbolt_tracer()
+
+    def span(self, span_id: str) -> Span | None:
+        """The finished span with this id (16 hex characters), or ``None`` when no such span has ended here."""
+        with self._lock:
+            return self._by_span_id.get(span_id)
+
+    def finished(self, otel_span: ReadableSpan) -> Span:
+        """Record a finished OpenTelemetry span of this attempt (called by agentbolt's span processor).
+
+        Converts it with :func:`agentbolt.tracing.convert.span_from_otel`, appends it to :attr:`spans` and hands
+        the original to :attr:`export`. Returns the converted span.
+        """
+        from agentbolt.tracing.convert import span_from_otel
+
+        span = span_from_otel(otel_span, self.rollout_id, self.attempt_id)
         with self._lock:
             self.spans.append(span)
-        if self.sink is not None:
-            self.sink(span)
+            self._by_span_id[span.span_id] = span
+        if self.export is not None:
+            self.export.on_end(otel_span)
         return span
 
 
@@ -75,13 +100,16 @@ _current: contextvars.ContextVar[AttemptContext | None] = contextvars.ContextVar
 
 
 def current_attempt() -> AttemptContext | None:
-    """The attempt the caller runs under, or ``None`` outside a runner."""
+    """The attempt the caller runs under, or ``None`` outside any attempt."""
     return _current.get()
 
 
 @contextmanager
 def attempt_scope(ctx: AttemptContext) -> Iterator[AttemptContext]:
-    """Bind ``ctx`` as the current attempt for the ``with`` block (usable outside a runner, for debugging)."""
+    """Bind ``ctx`` as the current attempt for the ``with`` block (nesting restores the outer one at exit).
+
+    Usable outside a runner: spans recorded in the block are collected in ``ctx.spans``.
+    """
     token = _current.set(ctx)
     try:
         yield ctx

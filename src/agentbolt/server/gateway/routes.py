@@ -1,56 +1,82 @@
 """OpenAI-compatible ``POST /v1/rollouts/{rollout_id}/attempts/{attempt_id}/v1/chat/completions``.
 
-Every call is recorded as an ``agentbolt.llm_call`` span of the attempt named in the URL, with the exact prompt and
-response token ids and per-token sampling logprobs returned by the inference backend. Nothing is re-tokenized: the
-backend applies the chat template once and the gateway stores what it got. Tool calls written by the model (Qwen
-``<tool_call>`` tags or a bare JSON call) are returned as OpenAI ``tool_calls``.
+Every call is recorded in the attempt named in the URL as ``agentbolt.llm_call`` spans, one per choice, with the
+exact prompt and response token ids and per-token sampling logprobs returned by the inference backend
+(:mod:`agentbolt.server.gateway.recording`). Nothing is re-tokenized: the backend applies the chat template once and
+the gateway stores what it got.
 
-Not supported yet (answered with a clear 400): ``stream: true`` and ``n > 1``.
+- ``stream: true``: a real server-sent event stream (:mod:`agentbolt.server.gateway.streaming`), recorded whole once
+  generation ends.
+- ``n > 1``: ``n`` separate generations (batched by the embedded backend; choice ``i`` seeded ``seed + i``), ``n``
+  choices indexed ``0..n-1``, ``n`` spans: one transition per choice.
+- Tool calls both ways: incoming assistant ``tool_calls`` (several, ``content`` null or absent) and ``role: tool``
+  messages go to the backend's chat template as they are; tool calls the model writes (Qwen/Hermes
+  ``<tool_call>`` tags, several in one answer, or a bare JSON call) come back as OpenAI ``tool_calls`` with unique
+  ids (:mod:`agentbolt.server.gateway.toolcalls`).
+- Any model name is accepted and served by the backend's model (the name asked for is recorded).
+- Errors answer in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``: no backend 503 (the message
+  says how to start one), unknown rollout or attempt 404, attempt or rollout already finished 409, context length
+  exceeded 400 ``context_length_exceeded``, other bad values 400, remote server failed 502, backend unavailable 503.
+  A call that reached the backend and failed is recorded as a span with status ERROR and
+  ``agentbolt.llm.trainable = False``: it never becomes a training sample.
 """
 
 from __future__ import annotations
 
-import time
+import asyncio
+import logging
 import uuid
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.responses import JSONResponse, Response
 
 from agentbolt import semconv
-from agentbolt.errors import AgentboltError, ConfigError, ConflictError
-from agentbolt.inference.base import GenerationRequest, GenerationResult, InferenceBackend
-from agentbolt.server.gateway.toolcalls import parse_tool_calls
+from agentbolt.errors import AgentboltError, ConflictError
+from agentbolt.inference.base import (
+    GenerationRequest,
+    GenerationResult,
+    GenerationStream,
+    InferenceBackend,
+    start_stream,
+)
+from agentbolt.server.gateway.openai_format import (
+    ChatCompletionBody,
+    ErrorInfo,
+    assistant_message,
+    completion_body,
+    error_info,
+    error_response,
+    finish_reason,
+    message_body,
+)
+from agentbolt.server.gateway.recording import REASON_NOT_DELIVERED, CallRecorder
+from agentbolt.server.gateway.streaming import SessionResponse, StreamSession
 from agentbolt.store.base import LightningStore
-from agentbolt.tracing.context import new_span_id, new_trace_id
-from agentbolt.types import TERMINAL_ATTEMPT_STATUSES, TERMINAL_ROLLOUT_STATUSES, Span, SpanStatus
+from agentbolt.types import TERMINAL_ATTEMPT_STATUSES, TERMINAL_ROLLOUT_STATUSES, Span
+
+logger = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1/rollouts/{rollout_id}/attempts/{attempt_id}/v1")
 
+NO_BACKEND_MESSAGE = (
+    "this agentbolt server has no inference backend, so its gateway cannot answer LLM calls; restart it with one: "
+    "'agentbolt serve --model smollm2-135m' (embedded, on this machine's CPU), "
+    "'agentbolt serve --backend vllm --backend-url http://HOST:8000/v1' (a running vLLM server), or "
+    "'agentbolt serve --backend openai --backend-url URL --model NAME --api-key KEY' (any OpenAI-compatible API)"
+)
 
-class ChatCompletionBody(BaseModel):
-    """The subset of the OpenAI Chat Completions request that the gateway reads; other fields are ignored."""
-
-    model_config = ConfigDict(extra="allow")
-
-    model: str | None = None
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    n: int | None = Field(default=None, ge=1)
-    stream: bool | None = None
-    seed: int | None = None
-
-
-def _openai_error(status: int, kind: str, message: str) -> JSONResponse:
-    return JSONResponse(status_code=status, content={"error": {"type": kind, "message": message, "code": None}})
+_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "A ``chat.completion`` object, or with ``stream: true`` a server-sent event stream of "
+        "``chat.completion.chunk`` objects ending with ``data: [DONE]``.",
+        "content": {"application/json": {}, "text/event-stream": {}},
+    }
+}
 
 
 async def _check_attempt_open(store: LightningStore, rollout_id: str, attempt_id: str) -> None:
+    """Raises NotFoundError (unknown ids) or ConflictError (the attempt or its rollout is finished)."""
     attempt = await store.get_attempt(rollout_id, attempt_id)
     if attempt.status in TERMINAL_ATTEMPT_STATUSES:
         raise ConflictError(f"attempt {attempt_id} is already {attempt.status.value}; it takes no more LLM calls")
@@ -59,108 +85,129 @@ async def _check_attempt_open(store: LightningStore, rollout_id: str, attempt_id
         raise ConflictError(f"rollout {rollout_id} is already {rollout.status.value}; it takes no more LLM calls")
 
 
-def _response_message(result: GenerationResult) -> tuple[dict[str, Any], str]:
-    content, tool_calls = parse_tool_calls(result.text)
-    message: dict[str, Any] = {"role": "assistant", "content": content}
-    finish = result.finish_reason
-    if tool_calls:
-        message["tool_calls"] = tool_calls
-        if finish == "stop":
-            finish = "tool_calls"
-    return message, finish
+def _generation_requests(body: ChatCompletionBody) -> list[GenerationRequest]:
+    return [
+        GenerationRequest(
+            messages=body.messages,
+            tools=body.tools or None,
+            max_tokens=body.token_budget,
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            seed=None if body.seed is None else body.seed + index,
+        )
+        for index in range(body.choice_count)
+    ]
 
 
-@router.post("/chat/completions")
-async def chat_completions(rollout_id: str, attempt_id: str, body: ChatCompletionBody, request: Request):
-    """Serve one chat completion for the attempt and record it as a span."""
+def _failed_call_spans(
+    recorder: CallRecorder, outcomes: list[GenerationResult | BaseException]
+) -> tuple[ErrorInfo, list[Span]]:
+    """Spans of a request in which some choice failed: ERROR spans for the failures; the choices that did generate
+    are recorded too but never delivered, so not trainable. Returns the error to answer with (the first one)."""
+    first = next(o for o in outcomes if isinstance(o, BaseException))
+    answer = error_info(first)
+    if answer.code == "internal_error":
+        logger.error("a gateway call failed", exc_info=first)
+    spans: list[Span] = []
+    for index, outcome in enumerate(outcomes):
+        if isinstance(outcome, BaseException):
+            spans.append(recorder.error_span(index, error_info(outcome), outcome))
+        else:
+            content, tool_calls = assistant_message(outcome)
+            finish = finish_reason(outcome, bool(tool_calls))
+            message = message_body(content, tool_calls)
+            spans.append(
+                recorder.result_span(index, outcome, message, finish, not_trainable_reason=REASON_NOT_DELIVERED)
+            )
+    return answer, spans
+
+
+async def _start_streams(
+    backend: InferenceBackend, requests: list[GenerationRequest]
+) -> list[GenerationStream | BaseException]:
+    outcomes = await asyncio.gather(*(start_stream(backend, r) for r in requests), return_exceptions=True)
+    return list(outcomes)
+
+
+@router.post("/chat/completions", responses=_RESPONSES)
+async def chat_completions(rollout_id: str, attempt_id: str, body: ChatCompletionBody, request: Request) -> Response:
+    """OpenAI Chat Completions for one attempt: served by the inference backend, recorded as one
+    ``agentbolt.llm_call`` span per choice with the exact token ids. Supports ``stream`` (server-sent events,
+    ``stream_options.include_usage``), ``n``, ``tools`` and tool-call messages; any ``model`` name maps to the
+    served model. Errors answer in OpenAI's shape: 503 without a backend, 404 unknown attempt, 409 finished
+    attempt, 400 ``context_length_exceeded`` or bad values, 502/503 backend failures (recorded as failed calls)."""
     store: LightningStore = request.app.state.store
     backend: InferenceBackend | None = request.app.state.backend
     if backend is None:
-        return _openai_error(503, "BackendError", "this server has no inference backend; start it with --model")
-    if body.stream:
-        return _openai_error(400, "invalid_request_error", "stream=true is not supported by the gateway yet")
-    if body.n not in (None, 1):
-        return _openai_error(400, "invalid_request_error", "n > 1 is not supported by the gateway yet; send n=1")
-    await _check_attempt_open(store, rollout_id, attempt_id)
+        return error_response(ErrorInfo(503, "api_error", NO_BACKEND_MESSAGE, "no_backend"))
+    try:
+        await _check_attempt_open(store, rollout_id, attempt_id)
+    except AgentboltError as exc:
+        return error_response(error_info(exc))
 
-    gen_request = GenerationRequest(
-        messages=body.messages,
-        tools=body.tools or None,
-        max_tokens=body.max_completion_tokens or body.max_tokens or 512,
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        seed=body.seed,
-    )
-    start = time.time()
+    requests = _generation_requests(body)
     attributes: dict[str, Any] = {
         semconv.GEN_AI_REQUEST_MODEL: body.model or backend.model_name,
         semconv.GEN_AI_RESPONSE_MODEL: backend.model_name,
-        semconv.GEN_AI_REQUEST_TEMPERATURE: gen_request.temperature,
+        semconv.GEN_AI_REQUEST_TEMPERATURE: requests[0].temperature,
         semconv.LLM_REQUEST_MESSAGES: body.messages,
+        semconv.LLM_STREAM: bool(body.stream),
     }
     if body.tools:
         attributes[semconv.LLM_REQUEST_TOOLS] = body.tools
+    recorder = CallRecorder(store, rollout_id, attempt_id, attributes, f"chatcmpl-{uuid.uuid4().hex[:24]}")
 
-    def make_span(status: SpanStatus) -> Span:
-        return Span(
-            rollout_id=rollout_id,
-            attempt_id=attempt_id,
-            span_id=new_span_id(),
-            trace_id=new_trace_id(),
-            name=semconv.SPAN_LLM_CALL,
-            start_time=start,
-            end_time=time.time(),
-            attributes=attributes,
-            status=status,
-        )
+    if body.stream:
+        return await _serve_stream(recorder, backend, requests, body)
+    return await _serve_whole(recorder, backend, requests)
 
-    try:
-        result = await backend.generate(gen_request)
-    except AgentboltError as exc:
-        attributes[semconv.LLM_TRAINABLE] = False
-        attributes[semconv.LLM_ERROR] = f"{type(exc).__name__}: {exc}"
-        await store.add_span(make_span(SpanStatus(code="ERROR", description=str(exc))))
-        status = 400 if isinstance(exc, ConfigError) else exc.http_status
-        return _openai_error(status, type(exc).__name__, str(exc))
 
-    message, finish = _response_message(result)
-    response_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
-    attributes.update(
-        {
-            semconv.GEN_AI_RESPONSE_ID: response_id,
-            semconv.GEN_AI_RESPONSE_FINISH_REASON: [finish],
-            semconv.GEN_AI_USAGE_INPUT_TOKENS: len(result.prompt_token_ids),
-            semconv.GEN_AI_USAGE_OUTPUT_TOKENS: len(result.response_token_ids),
-            semconv.LLM_PROMPT_TOKEN_IDS: result.prompt_token_ids,
-            semconv.LLM_RESPONSE_TOKEN_IDS: result.response_token_ids,
-            semconv.LLM_RESPONSE_LOGPROBS: result.response_logprobs,
-            semconv.LLM_RESPONSE_TEXT: result.text,
-            semconv.LLM_RESPONSE_MESSAGE: message,
-            semconv.LLM_MODEL_VERSION: result.model_version,
-            semconv.LLM_TRAINABLE: True,
-        }
+async def _serve_whole(
+    recorder: CallRecorder, backend: InferenceBackend, requests: list[GenerationRequest]
+) -> Response:
+    outcomes: list[GenerationResult | BaseException] = list(
+        await asyncio.gather(*(backend.generate(r) for r in requests), return_exceptions=True)
     )
-    await store.add_span(make_span(SpanStatus(code="OK")))
-    return {
-        "id": response_id,
-        "object": "chat.completion",
-        "created": int(start),
-        "model": backend.model_name,
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "finish_reason": finish,
-                "logprobs": None,
-                # Extensions (vLLM names them the same way): the exact ids behind this choice.
-                "token_ids": result.response_token_ids,
-            }
-        ],
-        "prompt_token_ids": result.prompt_token_ids,
-        "usage": {
-            "prompt_tokens": len(result.prompt_token_ids),
-            "completion_tokens": len(result.response_token_ids),
-            "total_tokens": len(result.prompt_token_ids) + len(result.response_token_ids),
-        },
-        "system_fingerprint": result.model_version,
-    }
+    if any(isinstance(o, BaseException) for o in outcomes):
+        answer, spans = _failed_call_spans(recorder, outcomes)
+        await recorder.record(spans)
+        return error_response(answer)
+    results = [o for o in outcomes if isinstance(o, GenerationResult)]
+    choices: list[tuple[GenerationResult, dict[str, Any], str]] = []
+    for result in results:
+        content, tool_calls = assistant_message(result)
+        choices.append((result, message_body(content, tool_calls), finish_reason(result, bool(tool_calls))))
+    await recorder.record([recorder.result_span(index, *choice) for index, choice in enumerate(choices)])
+    body = completion_body(
+        response_id=recorder.response_id,
+        created_s=int(recorder.start_s),
+        model=backend.model_name,
+        choices=choices,
+    )
+    return JSONResponse(body)
+
+
+async def _serve_stream(
+    recorder: CallRecorder, backend: InferenceBackend, requests: list[GenerationRequest], body: ChatCompletionBody
+) -> Response:
+    started = await _start_streams(backend, requests)
+    if any(isinstance(s, BaseException) for s in started):
+        # Known before the first byte (context length, bad values, backend down): a plain HTTP error.
+        outcomes: list[GenerationResult | BaseException] = []
+        for stream in started:
+            if isinstance(stream, BaseException):
+                outcomes.append(stream)
+                continue
+            stream.cancel()
+            try:
+                outcomes.append(await stream.result())
+            except Exception as exc:
+                outcomes.append(exc)
+        answer, spans = _failed_call_spans(recorder, outcomes)
+        await recorder.record(spans)
+        return error_response(answer)
+    streams = [s for s in started if not isinstance(s, BaseException)]
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    session = StreamSession(recorder, streams, model=backend.model_name, include_usage=include_usage)
+    session.start()
+    return SessionResponse(session)

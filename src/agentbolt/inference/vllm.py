@@ -1,0 +1,219 @@
+"""The ``vllm`` backend: forwards to any vLLM OpenAI-compatible server (``vllm serve MODEL``), ids from the engine.
+
+Every request asks vLLM for the ids it used, so nothing is re-tokenized (DESIGN.md, "gateway"):
+``return_token_ids: true`` (vLLM >= 0.10.2) returns ``prompt_token_ids`` at the top of the answer (first chunk of
+a stream) and ``token_ids`` per choice (per chunk: the ids of that delta), and ``logprobs: true, top_logprobs: 0``
+returns one logprob per generated id in ``choices[0].logprobs.content[*].logprob``. A server that returns no ids
+(older vLLM, or not vLLM at all) is refused with an error that says so, before anything is answered.
+
+Sampling is made explicit like the embedded backend's (``top_k: -1``, ``repetition_penalty: 1``, no
+frequency/presence penalties), so the model's ``generation_config.json`` cannot change the distribution.
+Which logprobs vLLM reports depends on its ``--logprobs-mode``: the default ``raw_logprobs`` is the model's
+distribution before temperature; start vLLM with ``--logprobs-mode processed_logprobs`` to get logprobs of the
+tempered distribution the embedded backend records (``gen_ai.request.temperature`` is recorded either way).
+
+Tool calls: with vLLM's tool parser on (``--enable-auto-tool-choice --tool-call-parser hermes``) vLLM returns
+``tool_calls`` itself and they are passed through; without it the text holds the ``<tool_call>`` tags and the
+gateway parses them. Either way the recorded ids are the engine's.
+
+Weight updates are vLLM's business (the trainer pushes them to the server); call :meth:`VLLMBackend.set_model_version`
+afterwards so that spans carry the new version.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from agentbolt.errors import ConfigError
+from agentbolt.inference.base import FinishReason, GenerationRequest, GenerationResult, UpstreamError
+from agentbolt.inference.remote import ChatEndpoint, ChunkAccumulator, RemoteStream
+
+_FINISH_REASONS: dict[str, FinishReason] = {
+    "stop": "stop",
+    "length": "length",
+    "tool_calls": "tool_calls",
+    "content_filter": "content_filter",
+    "abort": "abort",
+}
+
+
+class VLLMBackend:
+    """An :class:`~agentbolt.inference.base.InferenceBackend` (streaming too) that forwards to a vLLM server.
+
+    Build it with :meth:`connect` (checks the server and finds the model it serves).
+
+    Attributes:
+        model_name: the model the vLLM server serves (sent in every request; the gateway maps any name to it).
+        model_version: stamped on every result; ``base`` until :meth:`set_model_version`.
+        endpoint: the HTTP endpoint.
+    """
+
+    def __init__(self, endpoint: ChatEndpoint, model_name: str) -> None:
+        self.endpoint = endpoint
+        self.model_name = model_name
+        self.model_version = "base"
+
+    @classmethod
+    async def connect(
+        cls,
+        base_url: str,
+        *,
+        model: str | None = None,
+        api_key: str | None = None,
+        timeout_s: float = 600.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> VLLMBackend:
+        """Connect to the vLLM server at ``base_url`` (the API root, e.g. ``http://127.0.0.1:8000/v1``).
+
+        Args:
+            model: the served model name to use; default the first one ``GET /models`` lists.
+            api_key: vLLM's ``--api-key``, if it was started with one.
+            timeout_s: longest wait for an answer, or for the next chunk of a stream.
+            transport: an httpx transport instead of the network (tests).
+
+        Raises:
+            ConfigError: bad URL, or ``model`` is not served there.
+            BackendError: the server cannot be reached or lists no model.
+        """
+        endpoint = ChatEndpoint(
+            base_url, api_key=api_key, timeout_s=timeout_s, label="the vLLM server", transport=transport
+        )
+        try:
+            served = await endpoint.model_names()
+            if model is None:
+                if not served:
+                    raise ConfigError(f"{endpoint.where} serves no model")
+                model = served[0]
+            elif model not in served:
+                raise ConfigError(f"{endpoint.where} does not serve {model!r}; it serves: {', '.join(served)}")
+        except BaseException:
+            await endpoint.close()
+            raise
+        return cls(endpoint, model)
+
+    def set_model_version(self, version: str) -> None:
+        """Stamp results from now on with ``version`` (after the trainer updated the server's weights)."""
+        self.model_version = version
+
+    def payload(self, request: GenerationRequest, *, stream: bool) -> dict[str, Any]:
+        """The JSON body sent to vLLM for ``request``."""
+        body: dict[str, Any] = {
+            "model": self.model_name,
+            "messages": request.messages,
+            "max_tokens": request.max_tokens,
+            "temperature": request.temperature,
+            "top_p": request.top_p,
+            "top_k": -1,
+            "repetition_penalty": 1.0,
+            "frequency_penalty": 0.0,
+            "presence_penalty": 0.0,
+            "logprobs": True,
+            "top_logprobs": 0,
+            "return_token_ids": True,
+        }
+        if request.tools:
+            body["tools"] = request.tools
+        if request.seed is not None:
+            body["seed"] = request.seed
+        if stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        return body
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """One completion from vLLM, with the engine's ids and logprobs.
+
+        Raises:
+            ContextLengthExceededError: vLLM says the prompt + ``max_tokens`` exceed its ``max_model_len``.
+            ConfigError: vLLM refused the request values (400).
+            BackendError: vLLM cannot be reached, or refuses the key, URL or model.
+            UpstreamError: vLLM failed (5xx), or returned no token ids / logprobs (too old: upgrade to >= 0.10.2).
+        """
+        body = await self.endpoint.complete(self.payload(request, stream=False))
+        choice = body["choices"][0]
+        message = choice.get("message") or {}
+        prompt_ids = body.get("prompt_token_ids")
+        response_ids = choice.get("token_ids")
+        if not isinstance(prompt_ids, list) or not isinstance(response_ids, list):
+            raise UpstreamError(self._no_ids_message())
+        logprobs = choice.get("logprobs")
+        content = logprobs.get("content") if isinstance(logprobs, dict) else None
+        if not isinstance(content, list):
+            raise UpstreamError(f"{self.endpoint.where} returned no logprobs although asked for them (logprobs: true)")
+        return self._result(
+            prompt_ids=[int(t) for t in prompt_ids],
+            response_ids=[int(t) for t in response_ids],
+            logprobs=[float(entry["logprob"]) for entry in content],
+            text=message.get("content") or "",
+            tool_calls=message.get("tool_calls") or None,
+            finish=str(choice.get("finish_reason") or "stop"),
+        )
+
+    async def stream(self, request: GenerationRequest) -> RemoteStream:
+        """Start a streamed completion; returns once vLLM's first chunk arrived and carried the prompt ids.
+
+        Raises:
+            as :meth:`generate`, before anything is streamed.
+        """
+        response = await self.endpoint.open_stream(self.payload(request, stream=True))
+        stream = RemoteStream(response, self.endpoint.where, self._build_streamed)
+        first = await stream.first_chunk()
+        if first is None or "error" in first or first.get("object") == "error":
+            return stream  # an empty stream or an error event: text_deltas/result raise it
+        if not isinstance(first.get("prompt_token_ids"), list):
+            await stream.result()  # closes it
+            raise UpstreamError(self._no_ids_message())
+        return stream
+
+    async def close(self) -> None:
+        """Close the connection pool (the vLLM server keeps running)."""
+        await self.endpoint.close()
+
+    def _build_streamed(self, chunks: ChunkAccumulator, cancelled: bool) -> GenerationResult:
+        if chunks.prompt_token_ids is None or (chunks.token_ids is None and not cancelled and chunks.content):
+            raise UpstreamError(self._no_ids_message())
+        if not chunks.logprobs_seen and chunks.token_ids:
+            raise UpstreamError(f"{self.endpoint.where} streamed no logprobs although asked for them (logprobs: true)")
+        finish = chunks.finish_reason or ("abort" if cancelled else "stop")
+        return self._result(
+            prompt_ids=chunks.prompt_token_ids,
+            response_ids=chunks.token_ids or [],
+            logprobs=chunks.logprobs,
+            text=chunks.content,
+            tool_calls=chunks.tool_call_list(),
+            finish=finish,
+        )
+
+    def _result(
+        self,
+        *,
+        prompt_ids: list[int],
+        response_ids: list[int],
+        logprobs: list[float],
+        text: str,
+        tool_calls: list[dict[str, Any]] | None,
+        finish: str,
+    ) -> GenerationResult:
+        if len(logprobs) != len(response_ids):
+            raise UpstreamError(
+                f"{self.endpoint.where} returned {len(logprobs)} logprobs for {len(response_ids)} token ids; "
+                "they must match one to one"
+            )
+        return GenerationResult(
+            prompt_token_ids=prompt_ids,
+            response_token_ids=response_ids,
+            response_logprobs=logprobs,
+            text=text,
+            finish_reason=_FINISH_REASONS.get(finish, "stop"),
+            model_version=self.model_version,
+            tool_calls=tool_calls,
+        )
+
+    def _no_ids_message(self) -> str:
+        return (
+            f"{self.endpoint.where} returned no token ids (prompt_token_ids / token_ids) although asked for them "
+            "with return_token_ids: it must be vLLM >= 0.10.2; upgrade it, or serve it with '--backend openai' to "
+            "record calls without token ids (usable for prompt optimization and evaluation, not for RL)"
+        )

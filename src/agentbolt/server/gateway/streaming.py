@@ -1,0 +1,285 @@
+"""``stream: true``: the answer as server-sent events, recorded whole once generation ends.
+
+Wire format (what the ``openai`` client consumes): ``Content-Type: text/event-stream``, one ``data: {json}\\n\\n``
+event per ``chat.completion.chunk``, then ``data: [DONE]\\n\\n``. Per choice: a first chunk with
+``delta: {"role": "assistant", "content": ""}``, content deltas as the backend generates them, one chunk with the
+tool calls (each whole: ``index``, ``id``, ``type``, ``function``) when the model called tools, and a last chunk with
+an empty delta and ``finish_reason``. With ``stream_options.include_usage`` a chunk with empty ``choices`` and the
+``usage`` comes before ``[DONE]``. A failure after the stream started is sent as one ``data: {"error": {...}}``
+event (the ``openai`` client raises it as ``APIError``), without ``[DONE]``.
+
+Tool calls are written in the text (``<tool_call>`` tags or a bare JSON message), so text that may be part of one
+is held back (:class:`ContentHoldBack`) and the calls are sent once the text is complete.
+
+Generation does not belong to the HTTP request: a :class:`StreamSession` runs in its own task, reads the backend's
+:class:`~agentbolt.inference.base.GenerationStream` of every choice, and queues the events the response sends.
+When generation ends it records one span per choice (:mod:`agentbolt.server.gateway.recording`), then sends the
+usage and ``[DONE]``, so a client that has read ``[DONE]`` finds the spans in the store. If the client goes away
+first, the session cancels generation, and records what was generated with ``agentbolt.llm.client_disconnected``
+and ``agentbolt.llm.trainable = False``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from agentbolt.inference.base import GenerationResult, GenerationStream
+from agentbolt.server.gateway.openai_format import (
+    assistant_message,
+    chunk_body,
+    error_body,
+    error_info,
+    finish_reason,
+    message_body,
+    tool_call_deltas,
+    usage_body,
+    usage_chunk_body,
+)
+from agentbolt.server.gateway.recording import REASON_NOT_DELIVERED, CallRecorder
+from agentbolt.server.gateway.toolcalls import ToolCall
+from agentbolt.types import Span
+
+logger = logging.getLogger(__name__)
+
+_TAG = "<tool_call>"
+_BARE_STARTS = ("{", "[", "`")
+"""A message starting with one of these may be a bare JSON tool call: it is held back whole."""
+
+_SESSIONS: set[asyncio.Task[None]] = set()
+"""Running session tasks (a strong reference keeps them alive after the response is gone)."""
+
+
+class ContentHoldBack:
+    """How much of the text generated so far may already be sent as ``content``.
+
+    Held back: leading and trailing whitespace (the parser strips it around tool calls); everything from the first
+    ``<tool_call>`` on, and a trailing piece that could be its beginning (``<tool``); and the whole message while
+    it starts with ``{``, ``[`` or a backquote (it may be a bare JSON call). What is sent is always a prefix of
+    the text. :meth:`finish` gives what remains to send once the message is parsed, so that the sent pieces add
+    up to the content returned by a non-streamed call (surrounding whitespace aside).
+    """
+
+    def __init__(self) -> None:
+        self._text = ""
+        self._sent = 0
+
+    def feed(self, delta: str) -> str:
+        """Add ``delta`` to the text; return the content that may be sent now (possibly ``""``)."""
+        self._text += delta
+        end = self._safe_end()
+        if end <= self._sent:
+            return ""
+        out = self._text[self._sent : end]
+        self._sent = end
+        return out
+
+    def finish(self, final_text: str, content: str | None, tool_calls: list[ToolCall]) -> tuple[str, str | None]:
+        """The rest to send and the message content the client has then received in all.
+
+        Args:
+            final_text: the whole generated text (the backend's result).
+            content / tool_calls: the message parsed from it.
+
+        Returns:
+            ``(rest, received)``: ``rest`` to send as a last content delta (may be ``""``); ``received`` is the
+            concatenation of everything sent, ``None`` when empty.
+        """
+        sent = self._text[: self._sent]
+        target = final_text if not tool_calls else (content or "")
+        head = sent if not tool_calls else sent.lstrip()
+        if target.startswith(head):
+            rest = target[len(head) :]
+        else:  # cannot happen with prefix-stable decoding; what was sent cannot be taken back
+            logger.warning("streamed content %r is not a prefix of the final content %r", sent, target)
+            rest = ""
+        received = sent + rest
+        return rest, (received or None)
+
+    def _safe_end(self) -> int:
+        text = self._text
+        stripped = text.lstrip()
+        if not stripped:
+            return self._sent
+        if self._sent == 0 and stripped.startswith(_BARE_STARTS):
+            return 0
+        tag_at = text.find(_TAG)
+        end = tag_at if tag_at >= 0 else len(text) - _partial_tag_length(text)
+        end = len(text[:end].rstrip())
+        return max(end, self._sent)
+
+
+def _partial_tag_length(text: str) -> int:
+    """Length of the longest end of ``text`` that is a proper beginning of ``<tool_call>``."""
+    for length in range(min(len(_TAG) - 1, len(text)), 0, -1):
+        if text.endswith(_TAG[:length]):
+            return length
+    return 0
+
+
+def _event(body: dict[str, Any]) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+class StreamSession:
+    """One streamed request: reads the choices' generation streams, queues SSE events, records the spans.
+
+    Args:
+        recorder: records the spans of this request.
+        streams: one started generation stream per choice, in choice order.
+        model: the served model name put in every chunk.
+        include_usage: send the usage chunk before ``[DONE]``.
+    """
+
+    def __init__(
+        self,
+        recorder: CallRecorder,
+        streams: list[GenerationStream],
+        *,
+        model: str,
+        include_usage: bool,
+    ) -> None:
+        self._recorder = recorder
+        self._streams = streams
+        self._model = model
+        self._include_usage = include_usage
+        self._created_s = int(recorder.start_s)
+        self._events: asyncio.Queue[str | None] = asyncio.Queue()
+        self._client_gone = False
+        self._finished = False
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start reading the backend (in a task of its own: it outlives the response if the client goes away)."""
+        self._task = asyncio.get_running_loop().create_task(self._produce(), name="agentbolt-gateway-stream")
+        _SESSIONS.add(self._task)
+        self._task.add_done_callback(_SESSIONS.discard)
+
+    async def events(self) -> AsyncIterator[str]:
+        """The SSE events to send, until the session ends."""
+        while True:
+            event = await self._events.get()
+            if event is None:
+                return
+            yield event
+
+    def detach(self) -> None:
+        """The response is over. If the session has not sent everything, the client went away: cancel generation
+        (the session then records what was generated, flagged). Never blocks."""
+        if self._finished:
+            return
+        self._client_gone = True
+        for stream in self._streams:
+            stream.cancel()
+
+    def _send(self, body: dict[str, Any]) -> None:
+        if not self._client_gone:
+            self._events.put_nowait(_event(body))
+
+    def _chunk(self, index: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return chunk_body(
+            response_id=self._recorder.response_id,
+            created_s=self._created_s,
+            model=self._model,
+            index=index,
+            delta=delta,
+            finish=finish,
+        )
+
+    async def _produce(self) -> None:
+        try:
+            outcomes = await asyncio.gather(
+                *(self._pump(index, stream) for index, stream in enumerate(self._streams)), return_exceptions=True
+            )
+            first_error: BaseException | None = next((o for o in outcomes if isinstance(o, BaseException)), None)
+            spans: list[Span] = []
+            results: list[GenerationResult] = []
+            for index, outcome in enumerate(outcomes):
+                if isinstance(outcome, BaseException):
+                    spans.append(self._recorder.error_span(index, error_info(outcome), outcome))
+                    continue
+                result, message, finish = outcome
+                results.append(result)
+                reason = REASON_NOT_DELIVERED if first_error is not None and not self._client_gone else None
+                spans.append(
+                    self._recorder.result_span(
+                        index,
+                        result,
+                        message,
+                        finish,
+                        not_trainable_reason=reason,
+                        client_disconnected=self._client_gone,
+                    )
+                )
+            await self._recorder.record(spans)
+            if first_error is not None:
+                if error_info(first_error).code == "internal_error":
+                    logger.error("a gateway stream failed", exc_info=first_error)
+                self._send(error_body(error_info(first_error)))
+                return
+            if self._include_usage:
+                self._send(
+                    usage_chunk_body(
+                        response_id=self._recorder.response_id,
+                        created_s=self._created_s,
+                        model=self._model,
+                        usage=usage_body(results),
+                    )
+                )
+            if not self._client_gone:
+                self._events.put_nowait("data: [DONE]\n\n")
+        except Exception as exc:  # a bug, or the store failed: tell the client in the stream's error shape
+            logger.exception("the gateway stream of %s failed", self._recorder.response_id)
+            self._send(error_body(error_info(exc)))
+        finally:
+            self._finished = True
+            self._events.put_nowait(None)
+
+    async def _pump(self, index: int, stream: GenerationStream) -> tuple[GenerationResult, dict[str, Any], str]:
+        """Send choice ``index`` as it is generated; return ``(result, message as received, finish_reason)``."""
+        hold = ContentHoldBack()
+        self._send(self._chunk(index, {"role": "assistant", "content": ""}))
+        try:
+            async for delta in stream.text_deltas():
+                content = hold.feed(delta)
+                if content:
+                    self._send(self._chunk(index, {"content": content}))
+            result = await stream.result()
+        except BaseException:
+            for other in self._streams:  # the request fails as a whole: stop the other choices
+                other.cancel()
+            raise
+        content, tool_calls = assistant_message(result)
+        rest, received = hold.finish(result.text, content, tool_calls)
+        if rest:
+            self._send(self._chunk(index, {"content": rest}))
+        if tool_calls:
+            self._send(self._chunk(index, {"tool_calls": tool_call_deltas(tool_calls)}))
+        finish = finish_reason(result, bool(tool_calls))
+        self._send(self._chunk(index, {}, finish))
+        return result, message_body(received, tool_calls), finish
+
+
+class SessionResponse(StreamingResponse):
+    """The SSE response of a :class:`StreamSession`; tells the session when the response is over, however it
+    ends (finished, client disconnected, server shutting down)."""
+
+    def __init__(self, session: StreamSession) -> None:
+        super().__init__(
+            session.events(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self._session = session
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._session.detach()
