@@ -18,6 +18,7 @@ _EXPORTS = {
     "emit_object": "agentbolt.tracing.emit",
     "emit_exception": "agentbolt.tracing.emit",
     "operation": "agentbolt.tracing.operation",
+    "agent": "agentbolt.tracing.agents",
     "instrument": "agentbolt.tracing.instrumentors",
     "trace_attempt": "agentbolt.runner.local",
     "LLM": "agentbolt.types",
@@ -29,6 +30,7 @@ _EXPORTS = {
 if TYPE_CHECKING:
     from agentbolt.runner.agent import LitAgent, rollout
     from agentbolt.runner.local import trace_attempt
+    from agentbolt.tracing.agents import agent
     from agentbolt.tracing.emit import emit_exception, emit_message, emit_object, emit_reward
     from agentbolt.tracing.instrumentors import instrument
     from agentbolt.tracing.operation import operation
@@ -40,6 +42,7 @@ __all__ = [
     "PromptTemplate",
     "Rollout",
     "Span",
+    "agent",
     "emit_exception",
     "emit_message",
     "emit_object",

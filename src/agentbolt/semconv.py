@@ -106,3 +106,37 @@ OPERATION_INPUT: Final = "agentbolt.operation.input"
 """str: JSON text of the bound arguments by parameter name (without ``self``/``cls``), bounded."""
 OPERATION_OUTPUT: Final = "agentbolt.operation.output"
 """str: JSON text of the returned value, bounded; absent when the call raised."""
+
+# Agent names (``agentbolt.agent(...)``, see :mod:`agentbolt.tracing.agents`; read by :mod:`agentbolt.adapter.agents`).
+SPAN_AGENT: Final = "agentbolt.agent"
+"""A scope of the agent's code run under an agent name (``with agentbolt.agent("writer"):``); what it records
+(LLM calls of an instrumented client, tools, nested agents) nests under it."""
+AGENT_NAME: Final = "agentbolt.agent.name"
+"""str: the agent name a span was recorded under: on ``agentbolt.agent`` spans, and on gateway LLM spans of a call
+that sent the ``x-agentbolt-agent`` header."""
+AGENT_NAME_HEADER: Final = "x-agentbolt-agent"
+"""HTTP request header: the agent name of a gateway call (e.g. ``openai.OpenAI(default_headers={...})``); recorded
+as ``agentbolt.agent.name`` on the call's spans."""
+
+# OpenInference keys (https://github.com/Arize-ai/openinference/blob/main/spec/semantic_conventions.md), as the
+# instrumentors of agentbolt.tracing.instrument write them. Kept here so the adapter needs no openinference package.
+OI_SPAN_KIND: Final = "openinference.span.kind"
+"""str: ``LLM``, ``AGENT``, ``CHAIN``, ``TOOL``, ``RETRIEVER``, ... (the kind of an OpenInference span)."""
+OI_SPAN_KIND_LLM: Final = "LLM"
+OI_SPAN_KIND_AGENT: Final = "AGENT"
+OI_AGENT_NAME: Final = "agent.name"
+"""str: an agent's name (openai-agents agent spans)."""
+OI_GRAPH_NODE_ID: Final = "graph.node.id"
+"""str: id of a node of the agent graph (openai-agents: the agent name; CrewAI: the agent's role)."""
+OI_METADATA: Final = "metadata"
+"""str: JSON object of free metadata (LangChain: the run's metadata; LangGraph puts ``langgraph_node`` there)."""
+OI_INPUT_VALUE: Final = "input.value"
+"""str: the span's input (JSON text for the openai instrumentor: the request parameters, messages included)."""
+OI_OUTPUT_VALUE: Final = "output.value"
+"""str: the span's output (JSON text for the openai instrumentor: the response, its ``id`` included)."""
+OI_LLM_INPUT_MESSAGES: Final = "llm.input_messages"
+"""Prefix of the flattened request messages: ``llm.input_messages.<i>.message.role`` / ``.message.content`` /
+``.message.contents.<j>.message_content.text`` / ``.message.tool_calls.<j>.tool_call.function.name`` /
+``.message.tool_calls.<j>.tool_call.function.arguments``."""
+GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
+"""str: ``chat``, ``text_completion``... on OpenTelemetry GenAI client spans (a tracer-side LLM span)."""

@@ -9,7 +9,7 @@ import pytest
 from agentbolt import semconv
 from agentbolt.adapter import build_trajectory
 from agentbolt.errors import ConfigError
-from agentbolt.types import Rollout, Span, SpanStatus
+from agentbolt.types import Rollout, Span, SpanStatus, TrajectoryFlag
 
 ROLLOUT_ID = "ro-1"
 ATTEMPT_ID = "at-1"
@@ -83,6 +83,8 @@ def test_transitions_follow_sequence_order_and_skip_failed_calls() -> None:
     assert second.metadata == {"sequence_id": 4, "model_version": "step-2", "temperature": 0.7}
     assert trajectory.task_id == "task-9"
     assert trajectory.rollout_id == ROLLOUT_ID and trajectory.attempt_id == ATTEMPT_ID
+    assert [t.agent_name for t in trajectory.transitions] == [None, None]  # no span names an agent
+    assert (trajectory.untrainable_calls, trajectory.tracer_only_calls, trajectory.excluded_calls) == (1, 0, 0)
 
 
 def test_final_reward_is_last_unnamed_reward_and_all_rewards_are_intermediate() -> None:
@@ -120,6 +122,7 @@ def test_untrainable_calls_are_skipped() -> None:
     ]
     trajectory = build_trajectory(_rollout(), ATTEMPT_ID, spans)
     assert [t.span_id for t in trajectory.transitions] == ["sp-at-1-4"]
+    assert trajectory.untrainable_calls == 3 and trajectory.flags == []
 
 
 def test_spans_of_other_attempts_are_ignored() -> None:
@@ -155,6 +158,7 @@ def test_reward_without_calls_gives_empty_trajectory() -> None:
     trajectory = build_trajectory(_rollout(), ATTEMPT_ID, [_reward(1, 1.0)])
     assert trajectory.transitions == []
     assert trajectory.final_reward == 1.0
+    assert trajectory.flags == [TrajectoryFlag.REWARD_WITHOUT_CALLS] and not trajectory.trainable
 
 
 def test_last_reward_reads_by_name_and_skips_invalid_values() -> None:

@@ -3,24 +3,34 @@
 Pure: no I/O, no store, no tracer. The rules, in the order they are applied:
 
 1. Only spans of ``attempt_id`` are read; spans of other attempts (a superseded try) are ignored.
-2. **Transitions.** Every ``agentbolt.llm_call`` span, ordered by the store's ``sequence_id`` (never by clocks),
-   becomes one :class:`~agentbolt.types.Transition`, except a span that
+2. **Join.** Gateway LLM spans (exact tokens) and tracer LLM spans (structure) are joined into calls, each gateway
+   span getting the agent name it was made under (:mod:`agentbolt.adapter.join`, :mod:`agentbolt.adapter.agents`).
+   Tracer calls the gateway did not record give no transition; they are counted in ``tracer_only_calls``.
+3. **Transitions.** Every ``agentbolt.llm_call`` span, ordered by the store's ``sequence_id`` (never by clocks),
+   becomes one :class:`~agentbolt.types.Transition` carrying its ``agent_name``, except a span that
 
    - has status code ``ERROR`` (context-length errors, backend 5xx: the call failed, nothing was generated),
    - is marked ``agentbolt.llm.trainable = False`` (e.g. served by an ``openai`` backend without token ids),
-   - lacks prompt token ids, response token ids or response logprobs, or generated zero tokens.
+   - lacks prompt token ids, response token ids or response logprobs, or generated zero tokens;
 
-   Each transition keeps ``span_id`` and ``finish_reason`` in their fields and ``model_version``, ``sequence_id``
-   and ``temperature`` (the request's sampling temperature, when recorded) in ``metadata``.
-3. **Rewards.** Every ``agentbolt.reward`` span with a finite numeric value, in ``sequence_id`` order, is listed in
+   these are counted in ``untrainable_calls``. Each transition keeps ``span_id`` and ``finish_reason`` in their
+   fields and ``model_version``, ``sequence_id``, ``temperature`` (the request's sampling temperature, when
+   recorded) and ``tracer_span_id`` (the deepest joined tracer LLM span, when there is one) in ``metadata``.
+4. **agent_match.** With an ``agent_match`` pattern, only transitions whose agent name it selects
+   (``re.search``; a call without an agent name is never selected) are kept; the others are counted in
+   ``excluded_calls``. The other agents' calls still ran and their rewards still count.
+5. **Rewards.** Every ``agentbolt.reward`` span with a finite numeric value, in ``sequence_id`` order, is listed in
    ``intermediate_rewards`` as ``(sequence_id, value)``, named or not.
-4. **Final reward.** ``rollout.final_reward`` when it is set; otherwise the value of the *last unnamed* reward span;
+6. **Final reward.** ``rollout.final_reward`` when it is set; otherwise the value of the *last unnamed* reward span;
    otherwise ``None``. Named rewards are components or intermediate signals, never the outcome. The two sources
    agree by construction: when an agent returns a float the runner records it both as the attempt's last unnamed
    reward span and as ``rollout.final_reward``. ``rollout.final_reward`` wins so that a reward span lost in transit
    (an exporter that dropped it) cannot turn a scored rollout into an unscored one. Because ``rollout.final_reward``
    belongs to the attempt that ended the rollout, build trajectories only for that (the latest) attempt.
-5. **task_id** is ``str(rollout.metadata[task_id_key])``, falling back to ``rollout.rollout_id`` (a group of one).
+7. **Flags** (:class:`~agentbolt.types.TrajectoryFlag`; a flagged trajectory is not trained on):
+   ``reward_without_calls`` when there is a final reward but not one trainable call was captured (before
+   ``agent_match``); ``no_matching_agent`` when there were trainable calls and ``agent_match`` selected none.
+8. **task_id** is ``str(rollout.metadata[task_id_key])``, falling back to ``rollout.rollout_id`` (a group of one).
 
 Rewards are not attached to transitions here (``Transition.reward`` stays ``None``); credit assignment
 (:mod:`agentbolt.algorithms.rl.credit`) does that from ``final_reward`` and ``intermediate_rewards``.
@@ -33,8 +43,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentbolt import semconv
+from agentbolt.adapter.agents import AgentMatch, agent_selected, compile_agent_match
+from agentbolt.adapter.join import JoinedCall, join_llm_calls
 from agentbolt.errors import ConfigError
-from agentbolt.types import Rollout, Span, Trajectory, Transition
+from agentbolt.types import Rollout, Span, Trajectory, TrajectoryFlag, Transition
 
 _ERROR_STATUS = "ERROR"
 
@@ -45,6 +57,7 @@ def build_trajectory(
     spans: Sequence[Span],
     *,
     task_id_key: str = "task_id",
+    agent_match: AgentMatch = None,
 ) -> Trajectory:
     """Build the trajectory of one attempt from its spans (rules in the module docstring).
 
@@ -53,31 +66,47 @@ def build_trajectory(
         attempt_id: the attempt to build; spans of other attempts are ignored.
         spans: the attempt's spans in any order (they are ordered by ``sequence_id`` here).
         task_id_key: the ``rollout.metadata`` key holding the task id used to form GRPO groups.
+        agent_match: which agents' calls become transitions: a regular expression (text or compiled) searched in
+            each call's agent name; ``None`` (default) keeps every call, named or not.
 
     Returns:
-        A :class:`Trajectory` whose transitions may be empty (an attempt with a reward and no trainable call must be
-        flagged by the caller, not trained).
+        A :class:`Trajectory`; its transitions may be empty, and then it is flagged when it has a reward (see
+        ``flags``; :attr:`Trajectory.trainable` is False for it).
 
     Raises:
-        ConfigError: an LLM span has a different number of response logprobs than response token ids (a gateway
-            bug: it must record exactly one logprob per generated token).
+        ConfigError: ``agent_match`` is not a valid regular expression; or an LLM span has a different number of
+            response logprobs than response token ids (a gateway bug: it must record one logprob per generated
+            token).
     """
+    pattern = compile_agent_match(agent_match)
     own = sorted((s for s in spans if s.attempt_id == attempt_id), key=lambda s: s.sequence_id)
+    join = join_llm_calls(own)
 
     transitions: list[Transition] = []
+    trainable_calls = 0
+    untrainable_calls = 0
+    for call in join.calls:
+        transition = _transition_from_call(call)
+        if transition is None:
+            untrainable_calls += 1
+            continue
+        trainable_calls += 1
+        if agent_selected(transition.agent_name, pattern):
+            transitions.append(transition)
+
     intermediate_rewards: list[tuple[int, float]] = []
     for span in own:
-        if span.name == semconv.SPAN_LLM_CALL:
-            transition = _transition_from_span(span)
-            if transition is not None:
-                transitions.append(transition)
-        elif span.name == semconv.SPAN_REWARD:
+        if span.name == semconv.SPAN_REWARD:
             value = _reward_value(span.attributes.get(semconv.REWARD_VALUE))
-            if value is None:
-                continue
-            intermediate_rewards.append((span.sequence_id, value))
+            if value is not None:
+                intermediate_rewards.append((span.sequence_id, value))
 
     final_reward = rollout.final_reward if rollout.final_reward is not None else last_reward(own)
+    flags: list[TrajectoryFlag] = []
+    if trainable_calls == 0 and final_reward is not None:
+        flags.append(TrajectoryFlag.REWARD_WITHOUT_CALLS)
+    elif trainable_calls > 0 and not transitions:
+        flags.append(TrajectoryFlag.NO_MATCHING_AGENT)
     task_id = rollout.metadata.get(task_id_key)
     return Trajectory(
         rollout_id=rollout.rollout_id,
@@ -87,7 +116,22 @@ def build_trajectory(
         transitions=transitions,
         final_reward=final_reward,
         intermediate_rewards=intermediate_rewards,
+        flags=flags,
+        excluded_calls=trainable_calls - len(transitions),
+        untrainable_calls=untrainable_calls,
+        tracer_only_calls=len(join.tracer_only),
     )
+
+
+def _transition_from_call(call: JoinedCall) -> Transition | None:
+    """A joined call -> a transition named after its agent, or ``None`` when its gateway span cannot be trained on."""
+    transition = _transition_from_span(call.gateway)
+    if transition is None:
+        return None
+    transition.agent_name = call.agent_name
+    if call.tracer_spans:
+        transition.metadata["tracer_span_id"] = call.tracer_spans[0].span_id
+    return transition
 
 
 def _transition_from_span(span: Span) -> Transition | None:

@@ -15,7 +15,7 @@ from agentbolt.types.core import (
 )
 from agentbolt.types.resources import LLM, PromptTemplate, Resource, ResourcesUpdate
 from agentbolt.types.spans import Span, SpanStatus
-from agentbolt.types.training import Trajectory, Transition
+from agentbolt.types.training import Trajectory, TrajectoryFlag, Transition
 
 __all__ = [
     "LLM",
@@ -35,6 +35,7 @@ __all__ = [
     "Span",
     "SpanStatus",
     "Trajectory",
+    "TrajectoryFlag",
     "Transition",
     "Worker",
 ]

@@ -6,6 +6,7 @@ token ids the model generated, with the sampling logprob of each response token 
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, Field, model_validator
@@ -20,8 +21,10 @@ class Transition(BaseModel):
         sampling_logprobs: ``(R,)`` log pi_old(token) under the sampling policy (the gateway's logprobs).
         reward: the reward credited to this transition (set by credit assignment; ``None`` before).
         finish_reason: ``stop`` or ``length``.
-        span_id: the LLM span it came from.
-        metadata: e.g. the resources version and the agent name.
+        span_id: the gateway LLM span it came from.
+        agent_name: the agent the call was made under (rules in :mod:`agentbolt.adapter.agents`); ``None`` when no
+            recorded span names one.
+        metadata: e.g. the store sequence id, the model version, the sampling temperature.
     """
 
     prompt_token_ids: list[int]
@@ -30,6 +33,7 @@ class Transition(BaseModel):
     reward: float | None = None
     finish_reason: str | None = None
     span_id: str | None = None
+    agent_name: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -42,6 +46,16 @@ class Transition(BaseModel):
         return self
 
 
+class TrajectoryFlag(StrEnum):
+    """Why a trajectory must not be trained on (the adapter sets them; trainers skip flagged trajectories)."""
+
+    REWARD_WITHOUT_CALLS = "reward_without_calls"
+    """The attempt has a final reward but the gateway captured no trainable LLM call: the agent did not call the
+    gateway's base URL, every call failed, or the backend returns no token ids. There is nothing to credit."""
+    NO_MATCHING_AGENT = "no_matching_agent"
+    """The gateway captured trainable calls but none was made by an agent that ``agent_match`` selects."""
+
+
 class Trajectory(BaseModel):
     """The ordered transitions of one attempt, with the rollout's final reward.
 
@@ -49,9 +63,14 @@ class Trajectory(BaseModel):
         rollout_id / attempt_id: where it came from.
         task_id: the task, used to form groups.
         resources_id: the resources version it ran against.
-        transitions: LLM calls in store sequence order.
+        transitions: LLM calls in store sequence order (those of the agents ``agent_match`` selects).
         final_reward: the outcome reward (``None`` if the agent never gave one).
         intermediate_rewards: ``(sequence_id, value)`` of every reward span, in order.
+        flags: why it must not be trained on (empty: nothing against it).
+        excluded_calls: trainable calls left out because their agent does not match ``agent_match``.
+        untrainable_calls: gateway calls that cannot be trained on (failed, no token ids, client gone).
+        tracer_only_calls: LLM calls the tracer saw but the gateway did not record (made to another endpoint, or
+            lost): they have no exact tokens and are never trained on.
     """
 
     rollout_id: str
@@ -61,3 +80,12 @@ class Trajectory(BaseModel):
     transitions: list[Transition]
     final_reward: float | None = None
     intermediate_rewards: list[tuple[int, float]] = Field(default_factory=list)
+    flags: list[TrajectoryFlag] = Field(default_factory=list)
+    excluded_calls: int = 0
+    untrainable_calls: int = 0
+    tracer_only_calls: int = 0
+
+    @property
+    def trainable(self) -> bool:
+        """True when it has a final reward, at least one transition, and no flag."""
+        return self.final_reward is not None and bool(self.transitions) and not self.flags

@@ -5,6 +5,7 @@
   ``chat.completion.chunk`` objects of a stream (https://platform.openai.com/docs/api-reference/chat-streaming).
 - :func:`error_info` / :func:`error_body`: ``{"error": {"message", "type", "param", "code"}}`` for an exception.
 - :func:`assistant_message`: a :class:`~agentbolt.inference.base.GenerationResult` as the assistant message.
+- :func:`backend_messages`: the request's messages as the backends get them (a role-less tool-call message gets one).
 """
 
 from __future__ import annotations
@@ -68,6 +69,16 @@ class ChatCompletionBody(BaseModel):
     @property
     def token_budget(self) -> int:
         return self.max_completion_tokens or self.max_tokens or DEFAULT_MAX_TOKENS
+
+
+def backend_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The request's messages as the inference backend gets them: a message without a ``role`` that holds
+    ``tool_calls`` (some agent frameworks write the assistant's tool-call turn so) gets ``role: "assistant"``;
+    every other message is passed as it is. The input is not modified, and the gateway records it as sent."""
+    return [
+        {"role": "assistant", **message} if "role" not in message and message.get("tool_calls") else message
+        for message in messages
+    ]
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,8 @@ class CallRecorder:
         rollout_id / attempt_id: the attempt named in the URL.
         request_attributes: attributes every span of the request carries (see the module docstring).
         response_id: the ``chatcmpl-...`` id returned to the client.
+        parent: ``(trace_id, span_id)`` of the caller's span, from the request's ``traceparent`` header: the spans
+            join that trace as its children. ``None``: a new trace per request, no parent.
     """
 
     def __init__(
@@ -48,6 +50,7 @@ class CallRecorder:
         attempt_id: str,
         request_attributes: dict[str, Any],
         response_id: str,
+        parent: tuple[str, str] | None = None,
     ) -> None:
         self.store = store
         self.rollout_id = rollout_id
@@ -55,7 +58,8 @@ class CallRecorder:
         self.response_id = response_id
         self.start_s = time.time()
         self._request_attributes = {**request_attributes, semconv.GEN_AI_RESPONSE_ID: response_id}
-        self._trace_id = new_trace_id()
+        self._trace_id = parent[0] if parent is not None else new_trace_id()
+        self._parent_id = parent[1] if parent is not None else None
 
     def result_span(
         self,
@@ -124,6 +128,7 @@ class CallRecorder:
             attempt_id=self.attempt_id,
             span_id=new_span_id(),
             trace_id=self._trace_id,
+            parent_id=self._parent_id,
             name=semconv.SPAN_LLM_CALL,
             start_time=self.start_s,
             end_time=time.time(),

@@ -14,6 +14,9 @@ the gateway stores what it got.
   ``<tool_call>`` tags, several in one answer, or a bare JSON call) come back as OpenAI ``tool_calls`` with unique
   ids (:mod:`agentbolt.server.gateway.toolcalls`).
 - Any model name is accepted and served by the backend's model (the name asked for is recorded).
+- Agent names: a ``x-agentbolt-agent`` request header is recorded as ``agentbolt.agent.name`` on the call's spans,
+  and a W3C ``traceparent`` header makes them children of the caller's span (its trace id and parent span id), so
+  the adapter can name the agent of a call no instrumented client recorded (:mod:`agentbolt.adapter.join`).
 - Errors answer in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``: no backend 503 (the message
   says how to start one), unknown rollout or attempt 404, attempt or rollout already finished 409, context length
   exceeded 400 ``context_length_exceeded``, other bad values 400, remote server failed 502, backend unavailable 503.
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import uuid
 from typing import Any
 
@@ -44,6 +48,7 @@ from agentbolt.server.gateway.openai_format import (
     ChatCompletionBody,
     ErrorInfo,
     assistant_message,
+    backend_messages,
     completion_body,
     error_info,
     error_response,
@@ -85,10 +90,22 @@ async def _check_attempt_open(store: LightningStore, rollout_id: str, attempt_id
         raise ConflictError(f"rollout {rollout_id} is already {rollout.status.value}; it takes no more LLM calls")
 
 
+_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
+
+
+def _traceparent(header: str | None) -> tuple[str, str] | None:
+    """``(trace_id, parent span id)`` of a W3C ``traceparent`` header; ``None`` when absent, malformed or all zeros."""
+    match = _TRACEPARENT.match((header or "").strip().lower())
+    if match is None or not match.group(1).strip("0") or not match.group(2).strip("0"):
+        return None
+    return match.group(1), match.group(2)
+
+
 def _generation_requests(body: ChatCompletionBody) -> list[GenerationRequest]:
+    messages = backend_messages(body.messages)
     return [
         GenerationRequest(
-            messages=body.messages,
+            messages=messages,
             tools=body.tools or None,
             max_tokens=body.token_budget,
             temperature=1.0 if body.temperature is None else body.temperature,
@@ -155,7 +172,17 @@ async def chat_completions(rollout_id: str, attempt_id: str, body: ChatCompletio
     }
     if body.tools:
         attributes[semconv.LLM_REQUEST_TOOLS] = body.tools
-    recorder = CallRecorder(store, rollout_id, attempt_id, attributes, f"chatcmpl-{uuid.uuid4().hex[:24]}")
+    agent_name = (request.headers.get(semconv.AGENT_NAME_HEADER) or "").strip()
+    if agent_name:
+        attributes[semconv.AGENT_NAME] = agent_name
+    recorder = CallRecorder(
+        store,
+        rollout_id,
+        attempt_id,
+        attributes,
+        f"chatcmpl-{uuid.uuid4().hex[:24]}",
+        parent=_traceparent(request.headers.get("traceparent")),
+    )
 
     if body.stream:
         return await _serve_stream(recorder, backend, requests, body)
