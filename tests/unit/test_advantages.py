@@ -8,11 +8,16 @@ import pytest
 
 from agentbolt.algorithms.rl.advantages import (
     ADVANTAGE_ESTIMATORS,
+    BATCH_ADVANTAGE_ESTIMATORS,
     advantages_by_group,
+    compute_advantages,
     get_advantage_estimator,
     group_indices,
     grpo_advantages,
     register_advantage_estimator,
+    register_batch_advantage_estimator,
+    reinforce_pp_advantages,
+    reinforce_pp_baseline_advantages,
     rloo_advantages,
 )
 from agentbolt.errors import ConfigError
@@ -100,7 +105,77 @@ def test_advantages_by_group_normalizes_within_each_task() -> None:
 
 
 def test_registry_errors_name_known_estimators() -> None:
-    with pytest.raises(ConfigError, match="known: grpo, grpo_no_std, rloo"):
+    with pytest.raises(ConfigError, match="known: grpo, grpo_no_std, reinforce_pp, reinforce_pp_baseline, rloo"):
         get_advantage_estimator("ppo")
+    with pytest.raises(ConfigError, match="known: grpo, grpo_no_std, reinforce_pp, reinforce_pp_baseline, rloo"):
+        compute_advantages([1.0], ["a"], "ppo")
     with pytest.raises(ConfigError, match="already registered"):
         register_advantage_estimator("grpo", grpo_advantages)
+    with pytest.raises(ConfigError, match="already registered"):
+        register_advantage_estimator("reinforce_pp", grpo_advantages)
+    with pytest.raises(ConfigError, match="already registered"):
+        register_batch_advantage_estimator("rloo", reinforce_pp_baseline_advantages)
+
+
+# ---- REINFORCE++ (Hu 2025, arXiv:2501.03262, eq. 10): normalized over the whole batch --------------------------------
+
+BATCH = [1.0, 0.0, 3.0, 1.0]
+KEYS = ["a", "a", "b", "b"]
+
+
+def test_reinforce_pp_golden() -> None:
+    # batch mean = 5 / 4 = 1.25; centered = [-0.25, -1.25, 1.75, -0.25]
+    # sum of squares = 0.0625 + 1.5625 + 3.0625 + 0.0625 = 4.75; Bessel variance = 4.75 / 3; std = 1.2583057...
+    # A = centered / std = [-0.198680, -0.993399, 1.390759, -0.198680]; group keys play no part
+    std = math.sqrt(4.75 / 3)
+    expected = [-0.25 / std, -1.25 / std, 1.75 / std, -0.25 / std]
+    assert reinforce_pp_advantages(BATCH, eps=0.0) == pytest.approx(expected, rel=1e-12)
+    assert expected == pytest.approx([-0.198680, -0.993399, 1.390759, -0.198680], abs=1e-6)
+    assert compute_advantages(BATCH, KEYS, "reinforce_pp") == pytest.approx(expected, rel=1e-5)
+
+
+def test_reinforce_pp_baseline_golden() -> None:
+    # group means: a = (1 + 0) / 2 = 0.5, b = (3 + 1) / 2 = 2 -> x = [0.5, -0.5, 1, -1]
+    # batch mean 0; sum of squares = 0.25 + 0.25 + 1 + 1 = 2.5; Bessel variance = 2.5 / 3 = 5/6
+    # A = x / sqrt(5/6) = x * sqrt(1.2) = [0.547723, -0.547723, 1.095445, -1.095445]
+    s = math.sqrt(1.2)
+    expected = [0.5 * s, -0.5 * s, 1.0 * s, -1.0 * s]
+    assert reinforce_pp_baseline_advantages(BATCH, KEYS) == pytest.approx(expected, rel=1e-5)
+    assert compute_advantages(BATCH, KEYS, "reinforce_pp_baseline") == pytest.approx(expected, rel=1e-5)
+    # unlike GRPO, group b's larger spread is not divided away: GRPO gives +-0.7071 in both groups
+    assert compute_advantages(BATCH, KEYS, "grpo") == pytest.approx([math.sqrt(0.5), -math.sqrt(0.5)] * 2, abs=1e-5)
+
+
+def test_reinforce_pp_degenerate_batches_give_exact_zeros() -> None:
+    assert reinforce_pp_advantages([0.3]) == [0.0]
+    assert reinforce_pp_advantages([0.1, 0.1, 0.1]) == [0.0, 0.0, 0.0]
+    assert reinforce_pp_advantages([]) == []
+    # every group constant: every x is 0 after the group baseline
+    assert reinforce_pp_baseline_advantages([0.1, 0.1, 0.7], ["a", "a", "b"]) == [0.0, 0.0, 0.0]
+
+
+def test_reinforce_pp_refuses_bad_input() -> None:
+    with pytest.raises(ConfigError, match="group key"):
+        reinforce_pp_advantages([1.0, 0.0], subtract_group_mean=True)
+    with pytest.raises(ConfigError, match="finite"):
+        reinforce_pp_advantages([1.0, math.inf])
+    with pytest.raises(ConfigError, match="eps"):
+        reinforce_pp_advantages([1.0, 0.0], eps=-1.0)
+    with pytest.raises(ConfigError, match="whole batch"):
+        get_advantage_estimator("reinforce_pp")
+    with pytest.raises(ConfigError, match="group keys"):
+        compute_advantages([1.0, 0.0], ["a"], "reinforce_pp")
+
+
+@pytest.mark.parametrize("name", sorted(BATCH_ADVANTAGE_ESTIMATORS))
+def test_batch_estimators_zero_mean_and_shift_invariance(name: str) -> None:
+    rewards = [5.0, -1.0, 2.5, 2.5, 0.0, 0.4]
+    keys = ["a", "a", "b", "b", "c", "c"]
+    base = compute_advantages(rewards, keys, name)
+    assert math.fsum(base) == pytest.approx(0.0, abs=1e-9)
+    assert compute_advantages([r + 10.0 for r in rewards], keys, name) == pytest.approx(base, abs=1e-9)
+
+
+def test_compute_advantages_runs_group_estimators_within_groups() -> None:
+    # RLOO per group: a = [1, 0] -> [1 - 0, 0 - 1] = [1, -1]; b = [3, 1] -> [2, -2]
+    assert compute_advantages(BATCH, KEYS, "rloo") == [1.0, -1.0, 2.0, -2.0]

@@ -14,6 +14,18 @@ Registered estimators (``ADVANTAGE_ESTIMATORS``):
 - ``rloo``: ``r_i - mean_{j != i} r_j`` (leave-one-out baseline; Kool et al. 2019, "Buy 4 REINFORCE samples, get a
   baseline for free!"; Ahmadian et al. 2024, arXiv:2402.14740).
 
+Batch estimators (``BATCH_ADVANTAGE_ESTIMATORS``) see the whole batch at once, ``(rewards_N, group_keys_N) ->
+advantages_N``; :func:`compute_advantages` runs an estimator of either kind by name:
+
+- ``reinforce_pp``: ``(r_i - mean_batch(r)) / (std_batch(r) + eps)`` (REINFORCE++, Hu 2025, arXiv:2501.03262,
+  eq. 10: "global advantage normalization" over the batch instead of within a group; the KL term of its eq. 8 is left
+  to the loss here, see :mod:`agentbolt.algorithms.rl.losses`).
+- ``reinforce_pp_baseline``: subtract each group's mean first, then normalize over the batch (REINFORCE++-baseline,
+  same paper, for group sizes > 1).
+
+Both normalize over rollouts, one value per rollout, while verl and OpenRLHF whiten over tokens (a long response
+counts once per token there). Token-level GAE for PPO with a value head is in :mod:`agentbolt.algorithms.rl.gae`.
+
 Which standard deviation: the paper does not say. We use the **sample (Bessel-corrected, ``ddof=1``)** std, as TRL's
 ``GRPOTrainer`` (``rewards.view(-1, G).std(dim=1)``, torch's default ``correction=1``) and verl's
 ``compute_grpo_outcome_advantage`` (``torch.std``) do, so our numbers match theirs. Where we differ: a group of one
@@ -41,6 +53,10 @@ def _checked(rewards_G: Sequence[float]) -> list[float]:
     if bad:
         raise ConfigError(f"rewards must be finite numbers, got {bad[0]} in a group of {len(rewards)}")
     return rewards
+
+
+def _sample_std(centered: Sequence[float]) -> float:
+    return math.sqrt(math.fsum(c * c for c in centered) / (len(centered) - 1))
 
 
 def grpo_advantages(rewards_G: Sequence[float], *, scale_by_std: bool = True, eps: float = 1e-6) -> list[float]:
@@ -71,7 +87,7 @@ def grpo_advantages(rewards_G: Sequence[float], *, scale_by_std: bool = True, ep
     centered = [r - mean for r in rewards]
     if not scale_by_std:
         return centered
-    std = math.sqrt(math.fsum(c * c for c in centered) / (n - 1))
+    std = _sample_std(centered)
     return [c / (std + eps) for c in centered]
 
 
@@ -137,6 +153,75 @@ def advantages_by_group(
     return out
 
 
+def reinforce_pp_advantages(
+    rewards_N: Sequence[float],
+    group_keys_N: Sequence[Hashable] | None = None,
+    *,
+    subtract_group_mean: bool = False,
+    eps: float = 1e-6,
+) -> list[float]:
+    """REINFORCE++'s batch-normalized advantage (Hu 2025, arXiv:2501.03262, eq. 10).
+
+    ``A_i = (x_i - mean(x)) / (std(x) + eps)`` over the whole batch, where ``x_i = r_i`` (``reinforce_pp``) or
+    ``x_i = r_i - mean(rewards of i's group)`` (``subtract_group_mean=True``, REINFORCE++-baseline). ``std`` is the
+    sample std (Bessel-corrected), as for GRPO here and as verl's ``masked_whiten`` does.
+
+    Args:
+        rewards_N: ``(N,)`` one reward per rollout of the batch.
+        group_keys_N: ``(N,)`` the group of each rollout; needed only with ``subtract_group_mean``.
+        subtract_group_mean: subtract the group mean before the batch normalization.
+        eps: added to the std; ``>= 0``.
+
+    Returns:
+        ``(N,)`` advantages: zero mean over the batch up to rounding; all ``0.0`` exactly when every ``x_i`` is
+        equal (a batch of one included); ``[]`` for an empty batch.
+
+    Raises:
+        ConfigError: a reward is not finite, ``eps < 0``, or ``group_keys_N`` is missing or of another length when
+            ``subtract_group_mean`` is set.
+    """
+    if eps < 0:
+        raise ConfigError(f"eps must be >= 0, got {eps}")
+    x = _checked(rewards_N)
+    if subtract_group_mean:
+        if group_keys_N is None or len(group_keys_N) != len(x):
+            n_keys = "no" if group_keys_N is None else len(group_keys_N)
+            raise ConfigError(
+                f"REINFORCE++-baseline subtracts each group's mean: give one group key per reward "
+                f"(got {len(x)} rewards and {n_keys} keys)"
+            )
+        for indices in group_indices(group_keys_N).values():
+            group = [x[i] for i in indices]
+            if all(r == group[0] for r in group):
+                for i in indices:
+                    x[i] = 0.0
+                continue
+            mean = math.fsum(group) / len(group)
+            for i in indices:
+                x[i] -= mean
+    n = len(x)
+    if n <= 1 or all(v == x[0] for v in x):
+        return [0.0] * n
+    mean = math.fsum(x) / n
+    centered = [v - mean for v in x]
+    std = _sample_std(centered)
+    return [c / (std + eps) for c in centered]
+
+
+def reinforce_pp_baseline_advantages(rewards_N: Sequence[float], group_keys_N: Sequence[Hashable]) -> list[float]:
+    """REINFORCE++-baseline: group mean subtracted, then normalized over the batch (:func:`reinforce_pp_advantages`)."""
+    return reinforce_pp_advantages(rewards_N, group_keys_N, subtract_group_mean=True)
+
+
+def _reinforce_pp_batch(rewards_N: Sequence[float], group_keys_N: Sequence[Hashable]) -> list[float]:
+    """``reinforce_pp`` as a batch estimator: the group keys are not used."""
+    return reinforce_pp_advantages(rewards_N)
+
+
+BatchAdvantageEstimator = Callable[[Sequence[float], Sequence[Hashable]], list[float]]
+"""A batch's rewards ``rewards_N`` and group keys ``group_keys_N`` -> ``advantages_N`` (same order)."""
+
+
 ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry(
     "advantage estimator",
     {
@@ -148,19 +233,76 @@ ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry(
 """Advantage estimators by name. Add one with :func:`register_advantage_estimator`."""
 
 
+BATCH_ADVANTAGE_ESTIMATORS: Registry[BatchAdvantageEstimator] = Registry(
+    "batch advantage estimator",
+    {
+        "reinforce_pp": _reinforce_pp_batch,
+        "reinforce_pp_baseline": reinforce_pp_baseline_advantages,
+    },
+)
+"""Estimators that see the whole batch, by name. Add one with :func:`register_batch_advantage_estimator`."""
+
+
+def _known_names() -> str:
+    return ", ".join(sorted([*ADVANTAGE_ESTIMATORS, *BATCH_ADVANTAGE_ESTIMATORS]))
+
+
 def register_advantage_estimator(name: str, implementation: AdvantageEstimator) -> None:
-    """Register ``implementation`` under ``name``.
+    """Register a per-group ``implementation`` under ``name``.
 
     Raises:
-        ConfigError: ``name`` is already registered (names are never silently replaced).
+        ConfigError: ``name`` is already registered, as a group or a batch estimator.
     """
+    if name in BATCH_ADVANTAGE_ESTIMATORS:
+        raise ConfigError(f"advantage estimator {name!r} is already registered; pick another name")
     ADVANTAGE_ESTIMATORS.register(name, implementation)
 
 
-def get_advantage_estimator(name: str) -> AdvantageEstimator:
-    """The implementation registered as ``name``.
+def register_batch_advantage_estimator(name: str, implementation: BatchAdvantageEstimator) -> None:
+    """Register a whole-batch ``implementation`` under ``name``.
 
     Raises:
-        ConfigError: unknown name; the message lists the known ones.
+        ConfigError: ``name`` is already registered, as a group or a batch estimator.
     """
-    return ADVANTAGE_ESTIMATORS.lookup(name)
+    if name in ADVANTAGE_ESTIMATORS:
+        raise ConfigError(f"advantage estimator {name!r} is already registered; pick another name")
+    BATCH_ADVANTAGE_ESTIMATORS.register(name, implementation)
+
+
+def get_advantage_estimator(name: str) -> AdvantageEstimator:
+    """The per-group implementation registered as ``name``.
+
+    Raises:
+        ConfigError: unknown name (the message lists the known ones), or ``name`` is a batch estimator, which
+            cannot run one group at a time (use :func:`compute_advantages`).
+    """
+    if name in BATCH_ADVANTAGE_ESTIMATORS:
+        raise ConfigError(
+            f"advantage estimator {name!r} normalizes over the whole batch, not within one group; "
+            f"call compute_advantages(rewards_N, group_keys_N, {name!r})"
+        )
+    if name not in ADVANTAGE_ESTIMATORS:
+        raise ConfigError(f"unknown advantage estimator {name!r}; known: {_known_names()}")
+    return ADVANTAGE_ESTIMATORS[name]
+
+
+def compute_advantages(rewards_N: Sequence[float], group_keys_N: Sequence[K], estimator: str) -> list[float]:
+    """The advantages of a batch under the estimator called ``estimator``, of either kind.
+
+    Args:
+        rewards_N: ``(N,)`` one reward per rollout.
+        group_keys_N: ``(N,)`` the group of each rollout: ``(task_id, resources_id)``, the rollouts of one task
+            under one resources version.
+        estimator: a name in ``ADVANTAGE_ESTIMATORS`` (run within each group) or ``BATCH_ADVANTAGE_ESTIMATORS``.
+
+    Returns:
+        ``(N,)`` advantages in the order of ``rewards_N``.
+
+    Raises:
+        ConfigError: unknown name (the message lists every known one), lengths differ, or a reward is not finite.
+    """
+    if len(rewards_N) != len(group_keys_N):
+        raise ConfigError(f"got {len(rewards_N)} rewards but {len(group_keys_N)} group keys; give one key per reward")
+    if estimator in BATCH_ADVANTAGE_ESTIMATORS:
+        return BATCH_ADVANTAGE_ESTIMATORS[estimator](rewards_N, group_keys_N)
+    return advantages_by_group(rewards_N, group_keys_N, get_advantage_estimator(estimator))
