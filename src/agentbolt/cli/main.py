@@ -97,6 +97,74 @@ def serve(
 
 
 @app.command()
+def run(
+    agent: str = typer.Option(
+        ..., help="the agent as 'package.module:attribute': a @rollout function, a LitAgent or a plain function"
+    ),
+    store: str = typer.Option("http://127.0.0.1:8765", help="URL of the agentbolt server (agentbolt serve)"),
+    concurrency: int = typer.Option(1, help="rollouts run at once by this runner"),
+    instrument: list[str] | None = typer.Option(
+        None,
+        help="a framework to instrument (repeat for several: openai, langchain, openai-agents, autogen-agentchat, "
+        "crewai, litellm); default: every one whose instrumentor and framework are installed",
+    ),
+    no_instrument: bool = typer.Option(False, "--no-instrument", help="instrument no framework"),
+    exit_after: int | None = typer.Option(
+        None, help="exit after this many attempts ended (succeeded or failed); default: run until Ctrl-C / SIGTERM"
+    ),
+    worker_id: str | None = typer.Option(None, help="name reported to the store (default: runner-<random hex>)"),
+    app_dir: Path = typer.Option(
+        Path("."), help="folder put first on sys.path before importing the agent (default: the current folder)"
+    ),
+    token: str | None = typer.Option(None, envvar="AGENTBOLT_TOKEN", help="bearer token of the server"),
+) -> None:
+    """Run a runner: claim rollouts from the server, run the agent on each, report the outcomes (agent side only)."""
+    import signal
+    import sys
+
+    from agentbolt.client import HttpLightningStore
+    from agentbolt.runner.processes import load_agent
+    from agentbolt.runner.worker import Runner
+
+    logging.basicConfig(level=logging.WARNING)
+    if concurrency < 1:
+        _fail(ValueError(f"--concurrency must be >= 1, got {concurrency}"))
+    if exit_after is not None and exit_after < 1:
+        _fail(ValueError(f"--exit-after must be >= 1, got {exit_after}"))
+    if no_instrument and instrument:
+        _fail(ValueError("--no-instrument and --instrument exclude each other"))
+    sys.path.insert(0, str(app_dir.resolve()))
+    frameworks: bool | list[str] = False if no_instrument else (list(instrument) if instrument else True)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        client = HttpLightningStore(store, token=token)
+        runner = Runner(load_agent(agent), client, worker_id=worker_id, concurrency=concurrency, instrument=frameworks)
+
+        def stopped() -> bool:
+            ended = runner.stats.succeeded + runner.stats.failed
+            return stop.is_set() or (exit_after is not None and ended >= exit_after)
+
+        try:
+            console.print(f"agentbolt runner {runner.worker_id} running {agent} against {store}")
+            stats = await runner.run(stop=stopped)
+            console.print(
+                f"runner {runner.worker_id} stopped: {stats.succeeded} succeeded, {stats.failed} failed, "
+                f"{stats.spans_written} spans written, {stats.span_write_errors + stats.spans_dropped} spans lost"
+            )
+        finally:
+            await client.close()
+
+    try:
+        asyncio.run(main())
+    except AgentboltError as exc:
+        _fail(exc)
+
+
+@app.command()
 def demo(
     steps: int = typer.Option(4, help="GRPO steps"),
     out: Path = typer.Option(Path("runs/demo"), help="output directory"),

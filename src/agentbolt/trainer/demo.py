@@ -7,8 +7,6 @@ the agent in ``examples/calc_agent`` against the gateway. Outputs: ``store.db``,
 
 from __future__ import annotations
 
-import asyncio
-import copy
 import json
 import logging
 import resource
@@ -46,6 +44,8 @@ class DemoConfig(_Config):
         learning_rate: AdamW learning rate of the LoRA update.
         overwrite: replace an existing ``store.db`` in ``out_dir`` instead of refusing.
         agent: the agent as ``module:attribute``.
+        agent_match: regular expression over agent names; only the matching agents' LLM calls are trained
+            (``None``: all of them).
     """
 
     out_dir: Path = Path("runs/demo")
@@ -60,24 +60,13 @@ class DemoConfig(_Config):
     batch_wait_s: float = Field(default=0.25, ge=0)
     overwrite: bool = False
     agent: str = DEFAULT_AGENT
+    agent_match: str | None = None
 
 
 def _peak_rss_mb() -> dict[str, float]:
     self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     child_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return {"trainer_and_server_mb": self_kb / 1024, "largest_child_mb": child_kb / 1024}
-
-
-def _prepare_out_dir(config: DemoConfig) -> Path:
-    out = config.out_dir
-    out.mkdir(parents=True, exist_ok=True)
-    db = out / "store.db"
-    if db.exists():
-        if not config.overwrite:
-            raise ConfigError(f"{db} already exists; pass --overwrite to replace it or choose another --out")
-        for suffix in ("", "-wal", "-shm"):
-            Path(f"{db}{suffix}").unlink(missing_ok=True)
-    return db
 
 
 def _load_example() -> Any:
@@ -126,25 +115,23 @@ def plot_reward_curve(
 
 
 async def run_demo(config: DemoConfig, console: Console | None = None) -> dict[str, Any]:
-    """Run the whole loop and return the summary (also written to ``out_dir/summary.json``)."""
+    """Run the whole loop and return the summary (also written to ``out_dir/summary.json``).
+
+    Raises:
+        ConfigError: an unknown model name, an existing store without ``overwrite``, the example not importable
+            (not run from a clone of the repository), or a bad ``agent_match`` pattern.
+    """
     console = console or Console()
     t_start = time.perf_counter()
+    from agentbolt.adapter.agents import compile_agent_match
     from agentbolt.inference.model_files import get_model_spec
+    from agentbolt.trainer.local import fresh_db_path, local_training
 
     if not Path(config.model).is_dir():
         get_model_spec(config.model)  # an unknown name fails here, before anything is written
-    db_path = _prepare_out_dir(config)
+    compile_agent_match(config.agent_match)
+    db_path = fresh_db_path(config.out_dir, overwrite=config.overwrite)
     tasks_mod = _load_example()
-
-    from agentbolt.algorithms.rl.torch_backend import TorchPolicyTrainer, TorchTrainerConfig, attach_lora
-    from agentbolt.algorithms.rl.weight_sync import load_weights, merged_lora_weights
-    from agentbolt.inference.embedded import EmbeddedBackend
-    from agentbolt.inference.model_files import prepare_model
-    from agentbolt.runner.processes import start_runner_processes
-    from agentbolt.server.app import create_app
-    from agentbolt.server.serving import serve_in_background
-    from agentbolt.store.sqlite import SqliteLightningStore
-    from agentbolt.trainer.loop import RLTrainer
 
     train_tasks = tasks_mod.load_train_tasks(size=config.train_size)
     val_sets = tasks_mod.load_val_sets(n_per_set=config.val_size)
@@ -153,25 +140,6 @@ async def run_demo(config: DemoConfig, console: Console | None = None) -> dict[s
         f"tasks/step={config.grpo.tasks_per_step} group={config.grpo.group_size} "
         f"val={ {k: len(v) for k, v in val_sets.items()} }"
     )
-
-    with console.status("preparing the embedded model (first run converts the GGUF once)"):
-        model_dir = prepare_model(config.model)
-        backend = EmbeddedBackend.load(
-            model_dir, max_batch_size=config.max_batch_size, batch_wait_s=config.batch_wait_s
-        )
-        # The policy is a copy of the served model with LoRA adapters; after each update its merged weights are
-        # written into the served model (serving through peft's LoRA layers is ~5x slower on CPU).
-        trainer_config = TorchTrainerConfig(learning_rate=config.learning_rate)
-        policy = attach_lora(copy.deepcopy(backend.model), trainer_config)
-        updater = TorchPolicyTrainer(policy, trainer_config, pad_token_id=backend.pad_token_id)
-
-        def sync_weights() -> None:
-            load_weights(backend.model, merged_lora_weights(policy))
-
-    model_s = time.perf_counter() - t_start
-
-    store = SqliteLightningStore(db_path)
-    app = create_app(store, backend)
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
     )
@@ -184,42 +152,41 @@ async def run_demo(config: DemoConfig, console: Console | None = None) -> dict[s
 
         return update
 
-    summary: dict[str, Any]
-    try:
-        async with serve_in_background(app) as url:
-            pool = start_runner_processes(
-                config.agent, url, n_processes=config.runner_processes, concurrency=config.runner_concurrency
-            )
-            try:
-                trainer = RLTrainer(store, backend, updater, config.grpo, gateway_url=url, sync_weights=sync_weights)
-                n_val = sum(len(v) for v in val_sets.values())
-                with progress:
-                    t0 = time.perf_counter()
-                    val_before = await trainer.evaluate(
-                        val_sets, on_progress=tracker("eval before", n_val), label="before"
-                    )
-                    eval_before_s = time.perf_counter() - t0
-                    steps = []
-                    for step in range(1, config.grpo.steps + 1):
-                        batch = trainer.sample_tasks(train_tasks)
-                        total = len(batch) * config.grpo.group_size
-                        result = await trainer.train_step(
-                            step, batch, on_rollout_progress=tracker(f"step {step}: rollouts", total)
-                        )
-                        steps.append(result)
-                        progress.console.print(
-                            f"step {step}: reward {result.reward_mean:.3f}±{result.reward_std:.3f}  "
-                            f"rollouts {result.rollout_s:.0f}s  update {result.update_s:.0f}s  "
-                            f"transitions {result.n_transitions}  failed {result.n_failed}"
-                        )
-                    t1 = time.perf_counter()
-                    val_after = await trainer.evaluate(
-                        val_sets, on_progress=tracker("eval after", n_val), label="after"
-                    )
-                    eval_after_s = time.perf_counter() - t1
-            finally:
-                # In a thread: joining blocks, and the server on this loop must keep answering the runners.
-                await asyncio.to_thread(pool.stop)
+    async with local_training(
+        model=config.model,
+        db_path=db_path,
+        agent=config.agent,
+        grpo=config.grpo,
+        learning_rate=config.learning_rate,
+        runner_processes=config.runner_processes,
+        runner_concurrency=config.runner_concurrency,
+        max_batch_size=config.max_batch_size,
+        batch_wait_s=config.batch_wait_s,
+        agent_match=config.agent_match,
+        console=console,
+    ) as local:
+        trainer, store, backend = local.trainer, local.store, local.backend
+        n_val = sum(len(v) for v in val_sets.values())
+        with progress:
+            t0 = time.perf_counter()
+            val_before = await trainer.evaluate(val_sets, on_progress=tracker("eval before", n_val), label="before")
+            eval_before_s = time.perf_counter() - t0
+            steps = []
+            for step in range(1, config.grpo.steps + 1):
+                batch = trainer.sample_tasks(train_tasks)
+                total = len(batch) * config.grpo.group_size
+                result = await trainer.train_step(
+                    step, batch, on_rollout_progress=tracker(f"step {step}: rollouts", total)
+                )
+                steps.append(result)
+                progress.console.print(
+                    f"step {step}: reward {result.reward_mean:.3f}±{result.reward_std:.3f}  "
+                    f"rollouts {result.rollout_s:.0f}s  update {result.update_s:.0f}s  "
+                    f"transitions {result.n_transitions}  failed {result.n_failed}"
+                )
+            t1 = time.perf_counter()
+            val_after = await trainer.evaluate(val_sets, on_progress=tracker("eval after", n_val), label="after")
+            eval_after_s = time.perf_counter() - t1
         n_rollouts = len(await store.query_rollouts())
         train_reward = [s.reward_mean for s in steps]
         gen = backend.stats
@@ -231,7 +198,7 @@ async def run_demo(config: DemoConfig, console: Console | None = None) -> dict[s
             "batches": gen.batches,
             "mean_batch_size": gen.mean_batch_size,
         }
-        summary = {
+        summary: dict[str, Any] = {
             "steps": config.grpo.steps,
             "train_reward": train_reward,
             "val_accuracy_before": val_before,
@@ -241,7 +208,7 @@ async def run_demo(config: DemoConfig, console: Console | None = None) -> dict[s
             "wall_seconds": time.perf_counter() - t_start,
             "model": config.model,
             "timing_s": {
-                "model_setup": model_s,
+                "model_setup": local.model_setup_s,
                 "eval_before": eval_before_s,
                 "eval_after": eval_after_s,
                 "per_step_rollouts": [s.rollout_s for s in steps],
@@ -252,9 +219,6 @@ async def run_demo(config: DemoConfig, console: Console | None = None) -> dict[s
             "peak_rss": _peak_rss_mb(),
             "config": json.loads(config.model_dump_json()),
         }
-    finally:
-        await store.close()
-        await backend.close()
 
     (config.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     plot_reward_curve(config.out_dir / "reward_curve.png", summary["train_reward"], val_before, val_after)

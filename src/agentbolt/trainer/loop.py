@@ -3,6 +3,12 @@
 The trainer never calls the agent: it writes rollouts and resources into the store, runners execute them, and the
 trainer reads the spans back. The policy update runs in a thread while the inference backend is paused, so the server
 (and the runners' heartbeats) stay live during it.
+
+Multi-agent systems: with ``agent_match`` (a regular expression over agent names, set with ``agentbolt.agent(name)``
+on the agent side) only the LLM calls of matching agents become transitions of the trajectories, hence training
+samples; the other agents' calls stay recorded in the store but are left out of the batch. Credit assignment and
+advantages see only the kept transitions; the rollout's reward is the whole system's. Each :class:`StepResult`
+counts kept and dropped transitions per agent name.
 """
 
 from __future__ import annotations
@@ -18,17 +24,45 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agentbolt.adapter import build_trajectory, last_reward
+from agentbolt.adapter.agents import compile_agent_match
 from agentbolt.algorithms.rl.advantages import get_advantage_estimator, group_indices
 from agentbolt.algorithms.rl.credit import get_credit_assignment
 from agentbolt.algorithms.rl.samples import TrainingSample, samples_from_trajectories
 from agentbolt.config import GRPOConfig
 from agentbolt.store.base import EnqueueRequest, LightningStore
-from agentbolt.types import LLM, Metric, Rollout, RolloutConfig, RolloutMode, RolloutStatus, Trajectory
+from agentbolt.types import (
+    LLM,
+    Metric,
+    Rollout,
+    RolloutConfig,
+    RolloutMode,
+    RolloutStatus,
+    Trajectory,
+    TrajectoryFlag,
+    Transition,
+)
 
 logger = logging.getLogger(__name__)
 
 ProgressCallback = Callable[[int, int], None]
 """Called with (finished, total) while rollouts run."""
+
+UNNAMED_AGENT = "(unnamed)"
+"""How calls made outside any ``agentbolt.agent(...)`` scope are counted in :class:`StepResult`."""
+
+
+def agent_name_of(transition: Transition) -> str:
+    """The agent name recorded on a transition (``Transition.agent_name``), or :data:`UNNAMED_AGENT`."""
+    return transition.agent_name or UNNAMED_AGENT
+
+
+def count_by_agent(transitions: Sequence[Transition]) -> dict[str, int]:
+    """Transitions per agent name, names sorted."""
+    counts: dict[str, int] = {}
+    for transition in transitions:
+        name = agent_name_of(transition)
+        counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 class PolicyUpdater(Protocol):
@@ -50,7 +84,23 @@ class ServingBackend(Protocol):
 
 @dataclass
 class StepResult:
-    """Figures of one training step. Seconds are wall time."""
+    """Figures of one training step. Seconds are wall time.
+
+    Attributes:
+        train_step: the step number.
+        rewards: final rewards of the trained rollouts.
+        n_rollouts: rollouts run.
+        n_failed: rollouts not trained: failed, never ran, unscored, or without any trainable call at all.
+        n_transitions: transitions in the batch (after ``agent_match``).
+        rollout_s / update_s: wall seconds of the rollouts and of the policy update.
+        update_stats: what the trainer backend reported.
+        n_unmatched: succeeded, scored rollouts left out because none of their calls matched ``agent_match``.
+        kept_by_agent: transitions in the batch per agent name (:func:`agent_name_of`).
+        dropped_by_agent: trainable transitions left out by ``agent_match``, per agent name, over every succeeded,
+            scored rollout of the step (those in ``n_unmatched`` included); with ``kept_by_agent`` they add up to all
+            the trainable calls of those rollouts.
+        batch_span_ids: the LLM spans whose calls are in the batch, in trajectory order.
+    """
 
     train_step: int
     rewards: list[float]
@@ -60,6 +110,15 @@ class StepResult:
     rollout_s: float
     update_s: float
     update_stats: dict[str, float] = field(default_factory=dict)
+    n_unmatched: int = 0
+    kept_by_agent: dict[str, int] = field(default_factory=dict)
+    dropped_by_agent: dict[str, int] = field(default_factory=dict)
+    batch_span_ids: list[str] = field(default_factory=list)
+
+    @property
+    def n_dropped(self) -> int:
+        """Transitions left out by ``agent_match``."""
+        return sum(self.dropped_by_agent.values())
 
     @property
     def reward_mean(self) -> float:
@@ -82,6 +141,13 @@ class RLTrainer:
         sync_weights: called after each update, with the backend paused, to publish the new weights to the
             serving model (e.g. merged LoRA weights, see :mod:`agentbolt.algorithms.rl.weight_sync`). ``None``
             when the backend serves the trained module itself.
+        agent_match: regular expression searched in agent names (rules in :mod:`agentbolt.adapter.agents`): only the
+            calls of matching agents become training samples; ``None`` trains every call. A call without an agent
+            name never matches a pattern. ``"writer"`` also selects ``"sql_writer"``; anchor it (``"^writer$"``) to
+            select one name exactly.
+
+    Raises:
+        ConfigError: ``agent_match`` is not a valid regular expression.
     """
 
     def __init__(
@@ -93,7 +159,10 @@ class RLTrainer:
         *,
         gateway_url: str,
         sync_weights: Callable[[], object] | None = None,
+        agent_match: str | None = None,
     ) -> None:
+        compile_agent_match(agent_match)
+        self.agent_match = agent_match
         self.store = store
         self.sync_weights = sync_weights
         self.backend = backend
@@ -150,13 +219,25 @@ class RLTrainer:
                 return done
 
     async def trajectory_of(self, rollout: Rollout) -> Trajectory | None:
-        """Build the trajectory of the rollout's last attempt (``None`` if it never ran)."""
+        """Build the trajectory of the rollout's last attempt, keeping only the calls of agents matching
+        ``agent_match`` (``None`` if it never ran)."""
+        selected = await self.selected_trajectory(rollout)
+        return None if selected is None else selected[0]
+
+    async def selected_trajectory(self, rollout: Rollout) -> tuple[Trajectory, list[Transition]] | None:
+        """The trajectory of the rollout's last attempt under ``agent_match``, and the trainable transitions that
+        ``agent_match`` left out (``None`` if the rollout never ran)."""
         attempts = await self.store.query_attempts(rollout.rollout_id)
         if not attempts:
             return None
         last = attempts[-1]
         spans = await self.store.query_spans(rollout.rollout_id, last.attempt_id)
-        return build_trajectory(rollout, last.attempt_id, spans)
+        trajectory = build_trajectory(rollout, last.attempt_id, spans, agent_match=self.agent_match)
+        if self.agent_match is None:
+            return trajectory, []
+        everything = build_trajectory(rollout, last.attempt_id, spans)
+        kept = {t.span_id for t in trajectory.transitions}
+        return trajectory, [t for t in everything.transitions if t.span_id not in kept]
 
     async def named_reward(self, rollout: Rollout, name: str) -> float:
         """Value of the last reward span called ``name`` in the rollout's latest attempt (0.0 if absent)."""
@@ -213,14 +294,24 @@ class RLTrainer:
         rollout_s = time.perf_counter() - t0
 
         trajectories: list[Trajectory] = []
-        n_failed = 0
+        dropped: list[Transition] = []
+        n_failed = n_unmatched = 0
         for rollout in rollouts:
             if rollout.status is not RolloutStatus.SUCCEEDED:
                 n_failed += 1  # excluded, never trained as reward 0
                 continue
-            traj = await self.trajectory_of(rollout)
-            if traj is None or traj.final_reward is None or not traj.transitions:
+            selected = await self.selected_trajectory(rollout)
+            if selected is None or selected[0].final_reward is None:
                 n_failed += 1
+                continue
+            traj, left_out = selected
+            dropped.extend(left_out)
+            if not traj.trainable:
+                # Flagged, not trained (never as reward 0): no trainable call at all, or none by a selected agent.
+                if TrajectoryFlag.NO_MATCHING_AGENT in traj.flags:
+                    n_unmatched += 1
+                else:
+                    n_failed += 1
                 continue
             trajectories.append(traj)
 
@@ -251,7 +342,20 @@ class RLTrainer:
             rollout_s=rollout_s,
             update_s=update_s,
             update_stats=stats,
+            n_unmatched=n_unmatched,
+            kept_by_agent=count_by_agent([t for traj in trajectories for t in traj.transitions]),
+            dropped_by_agent=count_by_agent(dropped),
+            batch_span_ids=[t.span_id or "" for traj in trajectories for t in traj.transitions],
         )
+        if self.agent_match is not None:
+            logger.info(
+                "step %d: agent_match %r kept %s, dropped %s transitions; %d rollouts without a matching call",
+                train_step,
+                self.agent_match,
+                result.kept_by_agent,
+                result.dropped_by_agent,
+                n_unmatched,
+            )
         await self.store.add_metrics(self._metrics(result))
         return result
 
@@ -275,6 +379,8 @@ class RLTrainer:
             "n_rollouts": float(result.n_rollouts),
             "n_failed_rollouts": float(result.n_failed),
             "n_transitions": float(result.n_transitions),
+            "n_transitions_dropped": float(result.n_dropped),
+            "n_unmatched_rollouts": float(result.n_unmatched),
         }
         values.update({f"update_{k}": float(v) for k, v in result.update_stats.items()})
         # Non-finite values (e.g. a KL estimate of a step that trained nothing) are not curve points.

@@ -1,0 +1,1 @@
+"""The calc agent with AutoGen AgentChat (see README.md)."""

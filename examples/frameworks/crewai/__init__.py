@@ -1,0 +1,1 @@
+"""The calc agent with CrewAI (see README.md)."""

@@ -1,0 +1,1 @@
+"""The calc agent with LangGraph and ``langchain-openai`` (see README.md)."""

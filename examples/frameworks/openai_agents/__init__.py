@@ -1,0 +1,1 @@
+"""The calc agent with the OpenAI Agents SDK (see README.md)."""

@@ -1,0 +1,1 @@
+"""The calc agent with the plain ``openai`` client (see README.md)."""

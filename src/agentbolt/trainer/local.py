@@ -1,0 +1,160 @@
+"""Everything one machine needs to train an agent with the embedded model: the machinery behind ``agentbolt demo``.
+
+:func:`local_training` starts, in this order, and stops in reverse: the embedded model (served by the
+:class:`~agentbolt.inference.embedded.EmbeddedBackend` and trained with LoRA by the ``torch`` backend, sharing one set
+of weights), a SQLite store file, the server (store API + gateway) on a free loopback port, runner processes that
+execute the agent against the gateway, and the :class:`~agentbolt.trainer.loop.RLTrainer` that drives them. Callers
+only pick tasks and call ``trainer.train_step`` / ``trainer.evaluate``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+
+from agentbolt.config import GRPOConfig
+from agentbolt.errors import ConfigError
+
+if TYPE_CHECKING:
+    from agentbolt.inference.embedded import EmbeddedBackend
+    from agentbolt.store.sqlite import SqliteLightningStore
+    from agentbolt.trainer.loop import RLTrainer
+
+
+@dataclass
+class LocalTraining:
+    """What :func:`local_training` started.
+
+    Attributes:
+        trainer: the RL loop over the store (its ``updater`` owns the LoRA policy).
+        store: the SQLite store (``db_path``).
+        backend: the embedded inference backend (its ``stats`` count generated tokens).
+        url: the server's root URL (store API and gateway).
+        model_setup_s: seconds spent preparing and loading the model.
+    """
+
+    trainer: RLTrainer
+    store: SqliteLightningStore
+    backend: EmbeddedBackend
+    url: str
+    model_setup_s: float
+
+
+def resolve_model(model: str | Path) -> Path:
+    """The bf16 Hugging Face directory of ``model``: a directory as given, or an embedded model name prepared with
+    :func:`~agentbolt.inference.model_files.prepare_model` (converted on first use).
+
+    Raises:
+        ConfigError: ``model`` is neither a directory nor a known embedded model name.
+        BackendError: the model package is missing or the conversion failed.
+    """
+    from agentbolt.inference.model_files import get_model_spec, prepare_model
+
+    if Path(model).is_dir():
+        return Path(model)
+    get_model_spec(str(model))  # an unknown name fails here with the list of known ones
+    return prepare_model(str(model))
+
+
+def fresh_db_path(out_dir: Path, *, overwrite: bool) -> Path:
+    """``out_dir/store.db``, creating ``out_dir``; an existing store (and its WAL files) is deleted when
+    ``overwrite``.
+
+    Raises:
+        ConfigError: the store exists and ``overwrite`` is false.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    db = out_dir / "store.db"
+    if db.exists():
+        if not overwrite:
+            raise ConfigError(f"{db} already exists; pass --overwrite to replace it or choose another --out")
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{db}{suffix}").unlink(missing_ok=True)
+    return db
+
+
+@asynccontextmanager
+async def local_training(
+    *,
+    model: str | Path,
+    db_path: Path,
+    agent: str,
+    grpo: GRPOConfig,
+    learning_rate: float = 2e-4,
+    runner_processes: int = 2,
+    runner_concurrency: int = 8,
+    max_batch_size: int = 16,
+    batch_wait_s: float = 0.25,
+    agent_match: str | None = None,
+    console: Console | None = None,
+) -> AsyncIterator[LocalTraining]:
+    """Start the embedded model, store, server and runners; yield them with an :class:`RLTrainer`; stop them all.
+
+    Args:
+        model: an embedded model name (``qwen2.5-0.5b``, ``smollm2-135m``) or a prepared bf16 directory.
+        db_path: the SQLite store file (created; see :func:`fresh_db_path`).
+        agent: the agent as ``package.module:attribute``, imported by each runner process (the current
+            ``sys.path`` is handed to them, so put the repository root on it first for ``examples.*``).
+        grpo: the RL settings.
+        learning_rate: AdamW learning rate of the LoRA update.
+        runner_processes / runner_concurrency: runner fan-out (processes x rollouts at once each).
+        max_batch_size / batch_wait_s: batching of the embedded backend (requests, seconds).
+        agent_match: regular expression over agent names; only the matching agents' LLM calls become training
+            samples (``None``: all calls). See :class:`~agentbolt.trainer.loop.RLTrainer`.
+        console: where the model-preparation status is shown.
+
+    Raises:
+        ConfigError: an unknown model name, a bad ``agent`` reference or a bad ``agent_match`` pattern (before
+            anything is started).
+    """
+    from agentbolt.adapter.agents import compile_agent_match
+    from agentbolt.algorithms.rl.torch_backend import TorchPolicyTrainer, TorchTrainerConfig, attach_lora
+    from agentbolt.algorithms.rl.weight_sync import load_weights, merged_lora_weights
+    from agentbolt.inference.embedded import EmbeddedBackend
+    from agentbolt.runner.processes import load_agent, start_runner_processes
+    from agentbolt.server.app import create_app
+    from agentbolt.server.serving import serve_in_background
+    from agentbolt.store.sqlite import SqliteLightningStore
+    from agentbolt.trainer.loop import RLTrainer
+
+    compile_agent_match(agent_match)  # a bad pattern or agent reference fails before the model loads
+    load_agent(agent)
+    console = console or Console()
+    t_start = time.perf_counter()
+    with console.status("preparing the embedded model (first run converts the GGUF once)"):
+        model_dir = resolve_model(model)
+        backend = EmbeddedBackend.load(model_dir, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s)
+        # The policy is a copy of the served model with LoRA adapters; after each update its merged weights are
+        # written into the served model (serving through peft's LoRA layers is ~5x slower on CPU).
+        trainer_config = TorchTrainerConfig(learning_rate=learning_rate)
+        policy = attach_lora(copy.deepcopy(backend.model), trainer_config)
+        updater = TorchPolicyTrainer(policy, trainer_config, pad_token_id=backend.pad_token_id)
+
+        def sync_weights() -> None:
+            load_weights(backend.model, merged_lora_weights(policy))
+
+    model_setup_s = time.perf_counter() - t_start
+    store = SqliteLightningStore(db_path)
+    try:
+        app = create_app(store, backend)
+        async with serve_in_background(app) as url:
+            pool = start_runner_processes(agent, url, n_processes=runner_processes, concurrency=runner_concurrency)
+            try:
+                trainer = RLTrainer(
+                    store, backend, updater, grpo, gateway_url=url, sync_weights=sync_weights, agent_match=agent_match
+                )
+                yield LocalTraining(trainer, store, backend, url, model_setup_s)
+            finally:
+                # In a thread: joining blocks, and the server on this loop must keep answering the runners.
+                await asyncio.to_thread(pool.stop)
+    finally:
+        await store.close()
+        await backend.close()
