@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentbolt.errors import ConfigError
@@ -21,8 +23,22 @@ class GRPOConfig(_Config):
         temperature: sampling temperature of training rollouts (the trainer's logprobs use the same one).
         max_tokens: per-call generation limit handed to the agent through the LLM resource.
         eval_temperature: temperature of validation rollouts (0 = greedy).
-        credit_assignment: name in :data:`agentbolt.algorithms.rl.credit.CREDIT_ASSIGNMENT`.
-        advantage_estimator: name in :data:`agentbolt.algorithms.rl.advantages.ADVANTAGE_ESTIMATORS`.
+        credit_assignment: name in :data:`agentbolt.algorithms.rl.credit.CREDIT_ASSIGNMENT` (``broadcast``,
+            ``discounted``, ``intermediate`` or a registered user function).
+        credit_gamma: the per-turn discount in ``(0, 1]`` of ``discounted`` (default 0.9), and, when set, of the
+            outcome part of ``intermediate``; ``None`` for other schemes.
+        air_weights: reward per AIR signal for ``intermediate`` (fields of
+            :class:`agentbolt.algorithms.rl.credit.AIRWeights`: ``tool_call_ok``, ``tool_call_failed``,
+            ``exception``, ``format_valid``, ``format_invalid``); missing ones keep their defaults.
+        advantage_estimator: name in :data:`agentbolt.algorithms.rl.advantages.ADVANTAGE_ESTIMATORS` or
+            ``BATCH_ADVANTAGE_ESTIMATORS`` (``grpo``, ``grpo_no_std``, ``rloo``, ``reinforce_pp``,
+            ``reinforce_pp_baseline``).
+        truncated: what to do with a response cut at ``max_tokens`` (``finish_reason == "length"``): ``keep`` (train
+            it like any other), ``mask`` (context only, loss mask 0) or ``penalize`` (its reward becomes
+            ``truncated_reward``); see :mod:`agentbolt.algorithms.rl.per_transition`.
+        truncated_reward: the reward of a cut response under ``penalize`` (unit: reward; default -1.0).
+        merge_samples: merge consecutive calls whose prompt extends the previous prompt + response into one sample
+            (:func:`agentbolt.algorithms.rl.samples.merge_transitions`).
         rollout_timeout_s: lease of one attempt; an attempt running longer is marked ``timeout``.
         max_attempts: tries per rollout (retries only on timeout/unresponsive).
         accuracy_reward_name: the named reward that evaluation reads as accuracy (0 or 1).
@@ -36,7 +52,12 @@ class GRPOConfig(_Config):
     max_tokens: int = Field(default=96, ge=1)
     eval_temperature: float = Field(default=0.0, ge=0)
     credit_assignment: str = "broadcast"
+    credit_gamma: float | None = Field(default=None, gt=0, le=1)
+    air_weights: dict[str, float] = Field(default_factory=dict)
     advantage_estimator: str = "grpo"
+    truncated: Literal["keep", "mask", "penalize"] = "keep"
+    truncated_reward: float = Field(default=-1.0, allow_inf_nan=False)
+    merge_samples: bool = True
     rollout_timeout_s: float = Field(default=600.0, gt=0)
     max_attempts: int = Field(default=2, ge=1)
     accuracy_reward_name: str = "correct"

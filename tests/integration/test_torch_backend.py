@@ -8,6 +8,7 @@ uphill on the surrogate objective, and a batch without signal takes no step.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -180,6 +181,42 @@ def test_all_zero_advantages_take_no_step(
     assert stats["n_skipped_zero_advantage"] == len(PROMPTS) and stats["n_samples"] == 0
     assert trainer.train_steps == 0
     assert all(torch.equal(before[n], p) for n, p in _lora(policy).items())
+
+
+def test_rollout_mean_weighs_each_rollout_equally(
+    smollm2: tuple[Any, Any], policy: Any, generated: list[tuple[list[int], int]]
+) -> None:
+    tokenizer, _ = smollm2
+    trainer = TorchPolicyTrainer(
+        policy, TorchTrainerConfig(loss_aggregation="rollout_mean", micro_batch_tokens=160), tokenizer.pad_token_id
+    )
+    samples = [
+        dataclasses.replace(s, rollout_id=r)
+        for s, r in zip(_samples(policy, generated, [1.5, 1.5, -0.5, -0.5]), ["r1", "r1", "r2", "r3"], strict=True)
+    ]
+    stats = trainer.train_step(samples)
+    # Ratio ~1 before the update, so each token's loss is -A. rollout_mean: R = 3 rollouts, each weighs 1/3 spread
+    # over its trained tokens: loss = -(1/3) * (A_r1 + A_r2 + A_r3) = -(1/3) * (1.5 - 0.5 - 0.5) = -1/6, however many
+    # tokens each sample has (token_mean would weigh r1's two samples by their tokens).
+    assert stats["loss"] == pytest.approx(-1 / 6, abs=0.01)
+    assert stats["stepped"] == 1.0
+
+
+def test_kl_to_reference_and_truncated_is(
+    smollm2: tuple[Any, Any], policy: Any, generated: list[tuple[list[int], int]]
+) -> None:
+    tokenizer, _ = smollm2
+    # A plain step first moves the LoRA weights away from the base model; without kl_coef no KL is measured.
+    plain = TorchPolicyTrainer(policy, TorchTrainerConfig(micro_batch_tokens=160), tokenizer.pad_token_id)
+    assert math.isnan(plain.train_step(_samples(policy, generated, ADVANTAGES))["kl_reference"])
+    config = TorchTrainerConfig(kl_coef=0.1, kl_estimator="k3", tis_cap=2.0, micro_batch_tokens=160)
+    trainer = TorchPolicyTrainer(policy, config, tokenizer.pad_token_id)
+    stats = trainer.train_step(_samples(policy, generated, ADVANTAGES))
+    # The KL to the reference (adapter disabled) is > 0 now. With tis_cap the ratio is anchored at the trainer's own
+    # logprobs, so it is exactly 1 and never clipped.
+    assert stats["kl_reference"] > 0 and math.isfinite(stats["kl_reference"])
+    assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and stats["clip_fraction"] == 0.0
+    assert stats["stepped"] == 1.0
 
 
 def test_save_adapter_writes_only_the_adapter(smollm2: tuple[Any, Any], policy: Any, tmp_path: Path) -> None:

@@ -80,7 +80,12 @@ def test_transitions_follow_sequence_order_and_skip_failed_calls() -> None:
     assert first.finish_reason == "stop"
     assert first.reward is None  # credit assignment sets it, not the adapter
     assert first.metadata == {"sequence_id": 1, "model_version": "step-2"}
-    assert second.metadata == {"sequence_id": 4, "model_version": "step-2", "temperature": 0.7}
+    assert second.metadata == {
+        "sequence_id": 4,
+        "model_version": "step-2",
+        "temperature": 0.7,
+        "rewards": [[5, 0.25], [6, 0.0], [7, 1.0]],  # every reward span after call 4 attaches to it
+    }
     assert trajectory.task_id == "task-9"
     assert trajectory.rollout_id == ROLLOUT_ID and trajectory.attempt_id == ATTEMPT_ID
     assert [t.agent_name for t in trajectory.transitions] == [None, None]  # no span names an agent

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from agentbolt.algorithms.rl.samples import TrainingSample, plan_micro_batches, samples_from_trajectories
+from agentbolt.algorithms.rl.losses import rollout_mean_weights
+from agentbolt.algorithms.rl.samples import (
+    TrainingSample,
+    build_samples,
+    merge_transitions,
+    plan_micro_batches,
+    samples_from_trajectories,
+)
 from agentbolt.errors import ConfigError
 from agentbolt.types import Trajectory, Transition
 
@@ -89,3 +96,94 @@ def test_plan_micro_batches_edge_cases() -> None:
     assert sorted(i for batch in plan_micro_batches([3, 9, 1, 4, 4], 8) for i in batch) == [0, 1, 2, 3, 4]
     with pytest.raises(ConfigError, match="max_tokens"):
         plan_micro_batches([1], 0)
+
+
+def _call(prompt: list[int], response: list[int], logprobs: list[float]) -> Transition:
+    return Transition(prompt_token_ids=prompt, response_token_ids=response, sampling_logprobs=logprobs)
+
+
+def test_three_calls_that_extend_each_other_merge_into_one_sample() -> None:
+    # Call 2's prompt = call 1's prompt + response + tool token 5; call 3's = call 2's prompt + response + 7, 8.
+    calls = [
+        _call([1, 2], [3, 4], [-0.1, -0.2]),
+        _call([1, 2, 3, 4, 5], [6], [-0.3]),
+        _call([1, 2, 3, 4, 5, 6, 7, 8], [9, 10], [-0.4, -0.5]),
+    ]
+    trajectory = Trajectory(rollout_id="ro-m", attempt_id="at", task_id="t", transitions=calls, final_reward=1.0)
+    batch = build_samples([trajectory], {"ro-m": [0.5, 0.5, 0.5]})
+    assert len(batch.samples) == 1
+    (sample,) = batch.samples
+    assert sample.input_ids == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    assert sample.loss_mask == [0, 0, 1, 1, 0, 1, 0, 0, 1, 1]  # 1 exactly on the generated 3, 4 / 6 / 9, 10
+    assert sample.sampling_logprobs == [0.0, 0.0, -0.1, -0.2, 0.0, -0.3, 0.0, 0.0, -0.4, -0.5]
+    assert (sample.advantage, sample.rollout_id) == (0.5, "ro-m")
+    # unmerged: (2 + 2) + (5 + 1) + (8 + 2) = 4 + 6 + 10 = 20 tokens; merged: 10; saved 10
+    assert (batch.tokens_unmerged, batch.tokens_merged, batch.tokens_saved) == (20, 10, 10)
+    # Without merging: three samples, the same 20 tokens.
+    unmerged = build_samples([trajectory], {"ro-m": [0.5, 0.5, 0.5]}, merge=False)
+    assert [s.n_tokens for s in unmerged.samples] == [4, 6, 10] and unmerged.tokens_saved == 0
+
+
+def test_four_calls_split_where_the_prompt_rewrites_history() -> None:
+    # Call 3 rewrites the history (token 3, 4 replaced by 99): it does not extend call 2, so a new sample starts;
+    # call 4 extends call 3 and joins it.
+    calls = [
+        _call([1, 2], [3, 4], [-0.1, -0.2]),
+        _call([1, 2, 3, 4, 5], [6], [-0.3]),
+        _call([1, 2, 99, 5, 6, 7], [8], [-0.4]),
+        _call([1, 2, 99, 5, 6, 7, 8, 11], [12], [-0.5]),
+    ]
+    trajectory = Trajectory(rollout_id="ro-s", attempt_id="at", task_id="t", transitions=calls, final_reward=1.0)
+    batch = build_samples([trajectory], {"ro-s": [1.0] * 4})
+    first, second = batch.samples
+    assert first.input_ids == [1, 2, 3, 4, 5, 6]
+    assert first.loss_mask == [0, 0, 1, 1, 0, 1]
+    assert first.sampling_logprobs == [0.0, 0.0, -0.1, -0.2, 0.0, -0.3]
+    assert second.input_ids == [1, 2, 99, 5, 6, 7, 8, 11, 12]
+    assert second.loss_mask == [0, 0, 0, 0, 0, 0, 1, 0, 1]
+    assert second.sampling_logprobs == [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -0.4, 0.0, -0.5]
+    assert first.rollout_id == second.rollout_id == "ro-s"
+    # unmerged: 4 + 6 + 7 + 9 = 26; merged: 6 + 9 = 15; saved 11
+    assert (batch.tokens_unmerged, batch.tokens_merged, batch.tokens_saved) == (26, 15, 11)
+
+
+def test_merge_needs_equal_advantages_and_masks_untrained_calls() -> None:
+    calls = [_call([1], [2], [-0.1]), _call([1, 2, 3], [4], [-0.2]), _call([1, 2, 3, 4, 5], [6], [-0.3])]
+    # Advantage changes at call 3: calls 1-2 merge, call 3 is alone.
+    samples = merge_transitions(calls, [1.0, 1.0, 2.0], "ro")
+    assert [(s.input_ids, s.loss_mask, s.advantage) for s in samples] == [
+        ([1, 2, 3, 4], [0, 1, 0, 1], 1.0),
+        ([1, 2, 3, 4, 5, 6], [0, 0, 0, 0, 0, 1], 2.0),
+    ]
+    # Call 2 not trained (e.g. cut at max_tokens under the "mask" policy): its tokens stay as context, mask 0.
+    (merged,) = merge_transitions(calls, [1.0] * 3, "ro", trained_T=[True, False, True])
+    assert merged.loss_mask == [0, 1, 0, 0, 0, 1]
+    assert merged.sampling_logprobs == [0.0, -0.1, 0.0, 0.0, 0.0, -0.3]
+    # A lone untrained call makes no sample.
+    assert merge_transitions(calls[:1], [1.0], "ro", trained_T=[False]) == []
+    with pytest.raises(ConfigError, match="one of each per transition"):
+        merge_transitions(calls, [1.0], "ro")
+
+
+def test_merged_samples_keep_rollout_mean_weights_per_rollout() -> None:
+    # rollout a: one merged sample of 3 trained tokens; rollout b: two samples of 1 trained token each.
+    # rollout_mean: R = 2 rollouts; a: 1 / (2 * 3) per token; b: 1 / (2 * 2) per token -> each rollout totals 1/2.
+    a = Trajectory(
+        rollout_id="a",
+        attempt_id="at",
+        task_id="t",
+        final_reward=1.0,
+        transitions=[_call([1], [2, 3], [-0.1, -0.1]), _call([1, 2, 3, 4], [5], [-0.1])],
+    )
+    b = Trajectory(
+        rollout_id="b",
+        attempt_id="at",
+        task_id="t",
+        final_reward=0.0,
+        transitions=[_call([1], [2], [-0.1]), _call([7], [8], [-0.1])],
+    )
+    batch = build_samples([a, b], {"a": [1.0, 1.0], "b": [-1.0, -1.0]})
+    ids = [s.rollout_id for s in batch.samples]
+    assert ids == ["a", "b", "b"]
+    weights = rollout_mean_weights(ids, [s.n_loss_tokens for s in batch.samples])
+    assert weights == pytest.approx([1 / 6, 1 / 4, 1 / 4])

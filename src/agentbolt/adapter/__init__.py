@@ -4,6 +4,8 @@
   :func:`last_reward`.
 - :mod:`~agentbolt.adapter.join`: joins the gateway's LLM spans (exact tokens) with the tracer's (structure).
 - :mod:`~agentbolt.adapter.agents`: the agent name of a call, and ``agent_match``.
+- :mod:`~agentbolt.adapter.signals`: what follows each call: attached rewards, AIR signals (tool calls, exceptions),
+  and infrastructure failures of an attempt.
 """
 
 from agentbolt.adapter.agents import AGENT_NAME_EXTRACTORS, agent_name_of, compile_agent_match, span_agent_name

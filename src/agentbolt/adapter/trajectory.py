@@ -20,20 +20,30 @@ Pure: no I/O, no store, no tracer. The rules, in the order they are applied:
    (``re.search``; a call without an agent name is never selected) are kept; the others are counted in
    ``excluded_calls``. The other agents' calls still ran and their rewards still count.
 5. **Rewards.** Every ``agentbolt.reward`` span with a finite numeric value, in ``sequence_id`` order, is listed in
-   ``intermediate_rewards`` as ``(sequence_id, value)``, named or not.
+   ``intermediate_rewards`` as ``(sequence_id, value)``, named or not. Each is also *attached* to the latest
+   trainable LLM call recorded before it (:func:`agentbolt.adapter.signals.attach_rewards`), listed in that
+   transition's ``metadata["rewards"]`` as ``[sequence_id, value]`` pairs; rewards recorded before the first call
+   attach to none. Attachment is computed over every trainable call, before ``agent_match``: a reward that follows
+   another agent's call stays with that call and leaves the batch with it.
+   **AIR signals.** The tool calls and exceptions recorded in each call's window (after it, before the next
+   trainable call) are counted in its ``metadata`` under ``air.tool_calls_ok``, ``air.tool_calls_failed`` and
+   ``air.exceptions`` (non-zero counts only; rules in :mod:`agentbolt.adapter.signals`), again before
+   ``agent_match``.
 6. **Final reward.** ``rollout.final_reward`` when it is set; otherwise the value of the *last unnamed* reward span;
-   otherwise ``None``. Named rewards are components or intermediate signals, never the outcome. The two sources
-   agree by construction: when an agent returns a float the runner records it both as the attempt's last unnamed
-   reward span and as ``rollout.final_reward``. ``rollout.final_reward`` wins so that a reward span lost in transit
-   (an exporter that dropped it) cannot turn a scored rollout into an unscored one. Because ``rollout.final_reward``
-   belongs to the attempt that ended the rollout, build trajectories only for that (the latest) attempt.
+   otherwise ``None``. Named rewards are components or intermediate signals, never the outcome. **When both exist,
+   the returned value (``rollout.final_reward``) wins**, even if the agent also emitted a different unnamed reward
+   (returned 0.5, emitted 1.0 last: the outcome is 0.5). Normally they agree: when an agent returns a float the
+   runner records it both as the attempt's last unnamed reward span and as ``rollout.final_reward``; the returned
+   value wins so that a reward span lost in transit (an exporter that dropped it) cannot turn a scored rollout into
+   an unscored one. Because ``rollout.final_reward`` belongs to the attempt that ended the rollout, build
+   trajectories only for that (the latest) attempt.
 7. **Flags** (:class:`~agentbolt.types.TrajectoryFlag`; a flagged trajectory is not trained on):
    ``reward_without_calls`` when there is a final reward but not one trainable call was captured (before
    ``agent_match``); ``no_matching_agent`` when there were trainable calls and ``agent_match`` selected none.
 8. **task_id** is ``str(rollout.metadata[task_id_key])``, falling back to ``rollout.rollout_id`` (a group of one).
 
-Rewards are not attached to transitions here (``Transition.reward`` stays ``None``); credit assignment
-(:mod:`agentbolt.algorithms.rl.credit`) does that from ``final_reward`` and ``intermediate_rewards``.
+``Transition.reward`` stays ``None`` here; credit assignment (:mod:`agentbolt.algorithms.rl.credit`) sets it from
+``final_reward``, the attached rewards and the AIR signals.
 """
 
 from __future__ import annotations
@@ -45,8 +55,10 @@ from typing import Any
 from agentbolt import semconv
 from agentbolt.adapter.agents import AgentMatch, agent_selected, compile_agent_match
 from agentbolt.adapter.join import JoinedCall, join_llm_calls
+from agentbolt.adapter.signals import air_counts, attach_rewards
 from agentbolt.errors import ConfigError
 from agentbolt.types import Rollout, Span, Trajectory, TrajectoryFlag, Transition
+from agentbolt.types.training import REWARDS_ATTACHED
 
 _ERROR_STATUS = "ERROR"
 
@@ -82,17 +94,15 @@ def build_trajectory(
     own = sorted((s for s in spans if s.attempt_id == attempt_id), key=lambda s: s.sequence_id)
     join = join_llm_calls(own)
 
-    transitions: list[Transition] = []
-    trainable_calls = 0
+    trainable: list[Transition] = []
     untrainable_calls = 0
     for call in join.calls:
         transition = _transition_from_call(call)
         if transition is None:
             untrainable_calls += 1
-            continue
-        trainable_calls += 1
-        if agent_selected(transition.agent_name, pattern):
-            transitions.append(transition)
+        else:
+            trainable.append(transition)
+    trainable_calls = len(trainable)
 
     intermediate_rewards: list[tuple[int, float]] = []
     for span in own:
@@ -100,6 +110,14 @@ def build_trajectory(
             value = _reward_value(span.attributes.get(semconv.REWARD_VALUE))
             if value is not None:
                 intermediate_rewards.append((span.sequence_id, value))
+
+    call_sequence_ids = [int(t.metadata["sequence_id"]) for t in trainable]
+    attached, _ = attach_rewards(call_sequence_ids, intermediate_rewards)
+    for transition, rewards, counts in zip(trainable, attached, air_counts(call_sequence_ids, own), strict=True):
+        if rewards:
+            transition.metadata[REWARDS_ATTACHED] = [[sequence_id, value] for sequence_id, value in rewards]
+        transition.metadata.update(counts)
+    transitions = [t for t in trainable if agent_selected(t.agent_name, pattern)]
 
     final_reward = rollout.final_reward if rollout.final_reward is not None else last_reward(own)
     flags: list[TrajectoryFlag] = []

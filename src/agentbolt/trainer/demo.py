@@ -182,7 +182,7 @@ async def run_demo(config: DemoConfig, console: Console | None = None) -> dict[s
                 progress.console.print(
                     f"step {step}: reward {result.reward_mean:.3f}±{result.reward_std:.3f}  "
                     f"rollouts {result.rollout_s:.0f}s  update {result.update_s:.0f}s  "
-                    f"transitions {result.n_transitions}  failed {result.n_failed}"
+                    f"transitions {result.n_transitions}  failed {result.n_failed}  infra {result.n_infra_failed}"
                 )
             t1 = time.perf_counter()
             val_after = await trainer.evaluate(val_sets, on_progress=tracker("eval after", n_val), label="after")

@@ -25,20 +25,22 @@ from typing import Any, Protocol
 
 from agentbolt.adapter import build_trajectory, last_reward
 from agentbolt.adapter.agents import compile_agent_match
-from agentbolt.algorithms.rl.advantages import get_advantage_estimator, group_indices
-from agentbolt.algorithms.rl.credit import get_credit_assignment
-from agentbolt.algorithms.rl.samples import TrainingSample, samples_from_trajectories
+from agentbolt.algorithms.rl.advantages import compute_advantages
+from agentbolt.algorithms.rl.credit import build_credit_scheme
+from agentbolt.algorithms.rl.samples import TrainingSample
 from agentbolt.config import GRPOConfig
 from agentbolt.store.base import EnqueueRequest, LightningStore
+from agentbolt.trainer.batch import samples_for_step, select_trajectories
 from agentbolt.types import (
     LLM,
+    Attempt,
     Metric,
     Rollout,
     RolloutConfig,
     RolloutMode,
     RolloutStatus,
+    Span,
     Trajectory,
-    TrajectoryFlag,
     Transition,
 )
 
@@ -90,7 +92,8 @@ class StepResult:
         train_step: the step number.
         rewards: final rewards of the trained rollouts.
         n_rollouts: rollouts run.
-        n_failed: rollouts not trained: failed, never ran, unscored, or without any trainable call at all.
+        n_failed: rollouts not trained: failed (not for infrastructure reasons), never ran, unscored, or without any
+            trainable call at all (rules in :mod:`agentbolt.trainer.batch`).
         n_transitions: transitions in the batch (after ``agent_match``).
         rollout_s / update_s: wall seconds of the rollouts and of the policy update.
         update_stats: what the trainer backend reported.
@@ -100,6 +103,11 @@ class StepResult:
             scored rollout of the step (those in ``n_unmatched`` included); with ``kept_by_agent`` they add up to all
             the trainable calls of those rollouts.
         batch_span_ids: the LLM spans whose calls are in the batch, in trajectory order.
+        infra_failures: rollouts excluded because their last attempt failed for infrastructure reasons (timeout,
+            unresponsive, gateway/backend error), by reason; never trained, never scored 0, not in ``n_failed``.
+        n_samples: training samples in the batch (after merging).
+        tokens_unmerged / tokens_merged: the batch's tokens with one sample per transition, and as trained after
+            merging (:class:`~agentbolt.algorithms.rl.samples.SampleBatch`); the difference is what merging saved.
     """
 
     train_step: int
@@ -114,6 +122,15 @@ class StepResult:
     kept_by_agent: dict[str, int] = field(default_factory=dict)
     dropped_by_agent: dict[str, int] = field(default_factory=dict)
     batch_span_ids: list[str] = field(default_factory=list)
+    infra_failures: dict[str, int] = field(default_factory=dict)
+    n_samples: int = 0
+    tokens_unmerged: int = 0
+    tokens_merged: int = 0
+
+    @property
+    def n_infra_failed(self) -> int:
+        """Rollouts excluded for infrastructure failures."""
+        return sum(self.infra_failures.values())
 
     @property
     def n_dropped(self) -> int:
@@ -169,8 +186,10 @@ class RLTrainer:
         self.updater = updater
         self.config = config
         self.gateway_url = gateway_url
-        self.credit = get_credit_assignment(config.credit_assignment)
-        self.estimator = get_advantage_estimator(config.advantage_estimator)
+        self.credit = build_credit_scheme(
+            config.credit_assignment, gamma=config.credit_gamma, air_weights=config.air_weights
+        )
+        compute_advantages([], [], config.advantage_estimator)  # an unknown name fails here, listing the known ones
         self.rng = random.Random(config.seed)
 
     async def publish_resources(self, *, temperature: float, purpose: str) -> str:
@@ -280,7 +299,7 @@ class RLTrainer:
         *,
         on_rollout_progress: ProgressCallback | None = None,
     ) -> StepResult:
-        """One GRPO step: ``group_size`` rollouts per task, advantages per group, one policy update."""
+        """One step: ``group_size`` rollouts per task, credit and advantages (:func:`samples_for_step`), one update."""
         t0 = time.perf_counter()
         resources_id = await self.publish_resources(temperature=self.config.temperature, purpose="train")
         rollouts = await self.run_rollouts(
@@ -293,40 +312,35 @@ class RLTrainer:
         )
         rollout_s = time.perf_counter() - t0
 
-        trajectories: list[Trajectory] = []
-        dropped: list[Transition] = []
-        n_failed = n_unmatched = 0
+        finished: list[tuple[Rollout, Attempt | None, list[Span]]] = []
         for rollout in rollouts:
-            if rollout.status is not RolloutStatus.SUCCEEDED:
-                n_failed += 1  # excluded, never trained as reward 0
+            attempts = await self.store.query_attempts(rollout.rollout_id)
+            if not attempts:
+                finished.append((rollout, None, []))
                 continue
-            selected = await self.selected_trajectory(rollout)
-            if selected is None or selected[0].final_reward is None:
-                n_failed += 1
-                continue
-            traj, left_out = selected
-            dropped.extend(left_out)
-            if not traj.trainable:
-                # Flagged, not trained (never as reward 0): no trainable call at all, or none by a selected agent.
-                if TrajectoryFlag.NO_MATCHING_AGENT in traj.flags:
-                    n_unmatched += 1
-                else:
-                    n_failed += 1
-                continue
-            trajectories.append(traj)
+            last = attempts[-1]
+            finished.append((rollout, last, list(await self.store.query_spans(rollout.rollout_id, last.attempt_id))))
+        selection = select_trajectories(finished, agent_match=self.agent_match)
+        trajectories, dropped = selection.trajectories, selection.dropped
+        n_failed, n_unmatched = selection.n_failed, selection.n_unmatched
+        if selection.infra_failures:
+            logger.warning(
+                "step %d: %d rollouts excluded for infrastructure failures (not trained, not scored 0): %s",
+                train_step,
+                selection.n_infra_failed,
+                selection.infra_failures,
+            )
 
         rewards = [t.final_reward for t in trajectories if t.final_reward is not None]
-        groups = group_indices([(t.task_id, t.resources_id) for t in trajectories])
-        advantages: dict[str, float] = {}
-        for members in groups.values():
-            group_adv = self.estimator([float(trajectories[i].final_reward or 0.0) for i in members])
-            for i, adv in zip(members, group_adv, strict=True):
-                advantages[trajectories[i].rollout_id] = adv
-        for traj in trajectories:
-            credited = self.credit(float(traj.final_reward or 0.0), len(traj.transitions))
-            for transition, reward in zip(traj.transitions, credited, strict=True):
-                transition.reward = reward
-        samples = samples_from_trajectories(trajectories, advantages)
+        batch = samples_for_step(
+            trajectories,
+            credit=self.credit,
+            estimator=self.config.advantage_estimator,
+            truncated=self.config.truncated,
+            truncated_reward=self.config.truncated_reward,
+            merge=self.config.merge_samples,
+        )
+        samples = batch.samples
 
         t1 = time.perf_counter()
         stats = await asyncio.to_thread(self._update, samples)
@@ -346,6 +360,10 @@ class RLTrainer:
             kept_by_agent=count_by_agent([t for traj in trajectories for t in traj.transitions]),
             dropped_by_agent=count_by_agent(dropped),
             batch_span_ids=[t.span_id or "" for traj in trajectories for t in traj.transitions],
+            infra_failures=selection.infra_failures,
+            n_samples=len(samples),
+            tokens_unmerged=batch.tokens_unmerged,
+            tokens_merged=batch.tokens_merged,
         )
         if self.agent_match is not None:
             logger.info(
@@ -378,6 +396,9 @@ class RLTrainer:
             "update_s": result.update_s,
             "n_rollouts": float(result.n_rollouts),
             "n_failed_rollouts": float(result.n_failed),
+            "n_infra_failed_rollouts": float(result.n_infra_failed),
+            "n_samples": float(result.n_samples),
+            "tokens_saved_by_merge": float(result.tokens_unmerged - result.tokens_merged),
             "n_transitions": float(result.n_transitions),
             "n_transitions_dropped": float(result.n_dropped),
             "n_unmatched_rollouts": float(result.n_unmatched),

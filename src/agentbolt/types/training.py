@@ -7,9 +7,23 @@ token ids the model generated, with the sampling logprob of each response token 
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Any, Final
 
 from pydantic import BaseModel, Field, model_validator
+
+# Keys of ``Transition.metadata`` that the adapter sets (:mod:`agentbolt.adapter.signals`) and credit assignment
+# reads (:mod:`agentbolt.algorithms.rl.credit`). A missing key means "no such signal".
+REWARDS_ATTACHED: Final = "rewards"
+"""list[[sequence_id, value]]: the reward spans attached to this call (each reward goes to the latest LLM call
+recorded before it, by store sequence order), named or not, in order."""
+AIR_TOOL_CALLS_OK: Final = "air.tool_calls_ok"
+"""int >= 0: tool calls caused by this transition's response that succeeded."""
+AIR_TOOL_CALLS_FAILED: Final = "air.tool_calls_failed"
+"""int >= 0: tool calls caused by this transition's response that failed (span status ERROR)."""
+AIR_EXCEPTIONS: Final = "air.exceptions"
+"""int >= 0: exceptions the agent recorded after this transition's call (outside tool spans)."""
+AIR_FORMAT_VALID: Final = "air.format_valid"
+"""bool: whether this transition's response had the expected format; missing when not checked."""
 
 
 class Transition(BaseModel):

@@ -46,15 +46,7 @@ from typing import Final, Protocol, overload
 from agentbolt.algorithms.registry import Registry
 from agentbolt.errors import ConfigError
 from agentbolt.types import Trajectory
-
-AIR_TOOL_CALLS_OK: Final = "air.tool_calls_ok"
-"""int >= 0: tool calls caused by this transition's response that succeeded."""
-AIR_TOOL_CALLS_FAILED: Final = "air.tool_calls_failed"
-"""int >= 0: tool calls caused by this transition's response that failed (span status ERROR)."""
-AIR_EXCEPTIONS: Final = "air.exceptions"
-"""int >= 0: exceptions the agent recorded after this transition's call (outside tool spans)."""
-AIR_FORMAT_VALID: Final = "air.format_valid"
-"""bool: whether this transition's response had the expected format; missing when not checked."""
+from agentbolt.types.training import AIR_EXCEPTIONS, AIR_FORMAT_VALID, AIR_TOOL_CALLS_FAILED, AIR_TOOL_CALLS_OK
 
 DEFAULT_GAMMA: Final = 0.9
 """The discount of the registered ``discounted`` scheme (our choice; build another with :func:`discounted`)."""
@@ -366,3 +358,37 @@ def resolve_credit_assignment(spec: str | CreditScheme | CreditAssignment) -> Cr
     if isinstance(spec, CreditScheme):
         return spec
     return from_function(spec)
+
+
+def build_credit_scheme(
+    name: str, *, gamma: float | None = None, air_weights: Mapping[str, float] | None = None
+) -> CreditScheme:
+    """The scheme a config names, with its parameters.
+
+    Args:
+        name: ``broadcast``, ``discounted``, ``intermediate`` or another registered name.
+        gamma: the discount: for ``discounted`` (default :data:`DEFAULT_GAMMA`) and, when given, the outcome part of
+            ``intermediate`` (``intermediate`` over ``discounted(gamma)`` instead of over ``broadcast``).
+        air_weights: :class:`AIRWeights` field -> value, for ``intermediate``; missing fields keep their defaults.
+
+    Raises:
+        ConfigError: unknown name, ``gamma`` outside ``(0, 1]``, an unknown or non-finite AIR weight, or a parameter
+            given to a scheme that does not take it.
+    """
+    weights = dict(air_weights or {})
+    if name == "discounted":
+        if weights:
+            raise ConfigError("air_weights apply to credit_assignment 'intermediate' only, not 'discounted'")
+        return discounted(DEFAULT_GAMMA if gamma is None else gamma)
+    if name == "intermediate":
+        known = {f.name for f in fields(AIRWeights)}
+        unknown = sorted(set(weights) - known)
+        if unknown:
+            raise ConfigError(f"unknown AIR weight(s) {unknown}; known: {sorted(known)}")
+        base = BROADCAST if gamma is None else discounted(gamma)
+        return intermediate(AIRWeights(**weights), base)
+    if gamma is not None or weights:
+        raise ConfigError(
+            f"credit_assignment {name!r} takes no gamma or air_weights; they apply to 'discounted' and 'intermediate'"
+        )
+    return get_credit_assignment(name)

@@ -1,11 +1,12 @@
 """Training samples: what the optimizer consumes (DESIGN.md, LightningRL step 4). Pure, no torch.
 
-For now one transition makes one sample: ``input_ids = prompt + response``, with the loss mask on the response
-tokens only. Merging consecutive transitions whose prompt extends the previous prompt + response (the "extension
-property") into one sample comes later in ``adapter/merge.py``; :class:`TrainingSample` already allows several
-masked spans, so merged samples need no new type.
+:func:`samples_from_trajectories` makes one sample per transition: ``input_ids = prompt + response``, with the loss
+mask on the response tokens only. :func:`merge_transitions` / :func:`build_samples` merge consecutive transitions
+that satisfy the **extension property** into one sample (the rule is in :func:`merge_transitions`); a trajectory of T
+calls whose prompts keep growing then costs O(T) tokens instead of O(T^2) (prime-rl ``docs/algorithms.md``;
+tinker-cookbook ``rl/data_processing.py`` ``trajectory_to_data``).
 
-Worked example: prompt ``[5, 6, 7]``, response ``[8, 9]`` with sampling logprobs ``[-0.1, -0.2]``::
+Worked example of one transition: prompt ``[5, 6, 7]``, response ``[8, 9]`` with sampling logprobs ``[-0.1, -0.2]``::
 
     input_ids         = [5,   6,   7,   8,    9   ]
     loss_mask         = [0,   0,   0,   1,    1   ]
@@ -22,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from agentbolt.errors import ConfigError
-from agentbolt.types import Trajectory
+from agentbolt.types import Trajectory, Transition
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,167 @@ def samples_from_trajectories(
                 )
             )
     return samples
+
+
+def _temperature(transition: Transition) -> float:
+    temperature = transition.metadata.get("temperature")
+    return float(temperature) if temperature else 1.0
+
+
+def merge_transitions(
+    transitions: Sequence[Transition],
+    advantages_T: Sequence[float],
+    rollout_id: str,
+    *,
+    trained_T: Sequence[bool] | None = None,
+) -> list[TrainingSample]:
+    """The samples of one trajectory, merging consecutive transitions that extend each other.
+
+    **Rule.** Transitions are taken in order. Transition ``k + 1`` joins the sample that ends with transition ``k``
+    when (1) its prompt starts with that sample's tokens exactly (for a sample of one transition: ``prompt_k +
+    response_k``; for a merged one: the last merged prompt + its response), token for token, (2) its advantage
+    equals transition ``k``'s (a sample carries one advantage), and (3) it was sampled at the same temperature.
+    Otherwise it starts a new sample. A merged sample's tokens are the last merged prompt + its response; its loss
+    mask is 1 exactly on the response tokens of each merged call (model-generated) and 0 on everything else (the
+    first prompt, and the tool/user tokens each later prompt adds); ``sampling_logprobs`` holds each response
+    token's recorded logprob at its position and 0.0 elsewhere.
+
+    Worked example: ``([1, 2] -> [3, 4])``, ``([1, 2, 3, 4, 5] -> [6])`` merge into ``input_ids = [1, 2, 3, 4, 5,
+    6]``, ``loss_mask = [0, 0, 1, 1, 0, 1]`` (6 tokens instead of 4 + 6 = 10).
+
+    Args:
+        transitions: ``(T,)`` the trajectory's transitions, in order; prompts must be non-empty.
+        advantages_T: ``(T,)`` the advantage of each transition.
+        rollout_id: written on every sample (the loss weights rollouts by it, ``rollout_mean``).
+        trained_T: ``(T,)`` False for a transition whose response must not be trained on (e.g. cut at max_tokens
+            under the ``mask`` policy): its tokens stay as context, with loss mask 0. Default: all True.
+
+    Returns:
+        The samples, in order; a sample with no trained token at all is left out.
+
+    Raises:
+        ConfigError: lengths differ, or a transition has an empty prompt.
+    """
+    trained = list(trained_T) if trained_T is not None else [True] * len(transitions)
+    if len(advantages_T) != len(transitions) or len(trained) != len(transitions):
+        raise ConfigError(
+            f"rollout {rollout_id}: got {len(transitions)} transitions, {len(advantages_T)} advantages and "
+            f"{len(trained)} trained flags; give one of each per transition"
+        )
+    samples: list[TrainingSample] = []
+    ids: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float] = []
+    advantage = 0.0
+    temperature = 1.0
+
+    def flush() -> None:
+        if ids and any(mask):
+            samples.append(TrainingSample(list(ids), list(mask), list(logprobs), advantage, rollout_id, temperature))
+
+    for k, transition in enumerate(transitions):
+        prompt = transition.prompt_token_ids
+        if not prompt:
+            raise ConfigError(
+                f"transition {transition.span_id} of rollout {rollout_id} has an empty prompt; "
+                "its first response token cannot be scored"
+            )
+        extends = (
+            k > 0
+            and float(advantages_T[k]) == advantage
+            and _temperature(transition) == temperature
+            and len(prompt) >= len(ids)
+            and prompt[: len(ids)] == ids
+        )
+        if not extends:
+            flush()
+            ids, mask, logprobs = [], [], []
+            advantage, temperature = float(advantages_T[k]), _temperature(transition)
+        added = len(prompt) - len(ids)
+        ids.extend(prompt[len(ids) :])
+        mask.extend([0] * added)
+        logprobs.extend([0.0] * added)
+        ids.extend(transition.response_token_ids)
+        on = 1 if trained[k] else 0
+        mask.extend([on] * len(transition.response_token_ids))
+        logprobs.extend(float(x) if on else 0.0 for x in transition.sampling_logprobs)
+    flush()
+    return samples
+
+
+@dataclass(frozen=True)
+class SampleBatch:
+    """The samples of a batch and what merging saved.
+
+    Attributes:
+        samples: in trajectory order, then transition order.
+        tokens_unmerged: sum over the transitions of ``len(prompt) + len(response)``: the tokens of one sample per
+            transition (transitions of samples left out for having no trained token included).
+        tokens_merged: sum over the samples of their lengths.
+    """
+
+    samples: list[TrainingSample]
+    tokens_unmerged: int
+    tokens_merged: int
+
+    @property
+    def tokens_saved(self) -> int:
+        """``tokens_unmerged - tokens_merged`` (>= 0)."""
+        return self.tokens_unmerged - self.tokens_merged
+
+
+def build_samples(
+    trajectories: Sequence[Trajectory],
+    advantages_by_rollout: Mapping[str, Sequence[float]],
+    *,
+    trained_by_rollout: Mapping[str, Sequence[bool]] | None = None,
+    merge: bool = True,
+) -> SampleBatch:
+    """The samples of a batch: :func:`merge_transitions` per trajectory (``merge=False``: one per transition).
+
+    Args:
+        trajectories: in any order; transitions keep their order within each.
+        advantages_by_rollout: ``rollout_id -> advantages_T``, one advantage per transition.
+        trained_by_rollout: ``rollout_id -> trained_T`` (see :func:`merge_transitions`); missing: all trained.
+        merge: merge transitions that extend each other (default) or not.
+
+    Returns:
+        A :class:`SampleBatch` (``tokens_unmerged`` counts every transition, trained or not).
+
+    Raises:
+        ConfigError: a rollout has no advantages, or lengths differ (see :func:`merge_transitions`).
+    """
+    samples: list[TrainingSample] = []
+    tokens_unmerged = 0
+    for trajectory in trajectories:
+        if trajectory.rollout_id not in advantages_by_rollout:
+            raise ConfigError(
+                f"no advantage for rollout {trajectory.rollout_id}; compute advantages for every trajectory's rollout"
+            )
+        advantages = advantages_by_rollout[trajectory.rollout_id]
+        trained = trained_by_rollout.get(trajectory.rollout_id) if trained_by_rollout is not None else None
+        n = len(trajectory.transitions)
+        if len(advantages) != n or (trained is not None and len(trained) != n):
+            raise ConfigError(
+                f"rollout {trajectory.rollout_id}: got {n} transitions, {len(advantages)} advantages and "
+                f"{n if trained is None else len(trained)} trained flags; give one of each per transition"
+            )
+        tokens_unmerged += sum(len(t.prompt_token_ids) + len(t.response_token_ids) for t in trajectory.transitions)
+        if merge:
+            samples.extend(
+                merge_transitions(trajectory.transitions, advantages, trajectory.rollout_id, trained_T=trained)
+            )
+            continue
+        for k, transition in enumerate(trajectory.transitions):
+            samples.extend(
+                merge_transitions(
+                    [transition],
+                    [advantages[k]],
+                    trajectory.rollout_id,
+                    trained_T=None if trained is None else [trained[k]],
+                )
+            )
+    return SampleBatch(samples, tokens_unmerged, sum(s.n_tokens for s in samples))
 
 
 def plan_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:

@@ -36,7 +36,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch.utils.checkpoint import checkpoint
 
-from agentbolt.algorithms.rl.losses import Aggregation, ppo_clip_loss
+from agentbolt.algorithms.rl.losses import Aggregation, KLEstimator, ppo_clip_loss, rollout_mean_weights
 from agentbolt.algorithms.rl.samples import TrainingSample, plan_micro_batches
 from agentbolt.errors import ConfigError
 
@@ -77,7 +77,15 @@ class TorchTrainerConfig(BaseModel):
             ``gradient_checkpointing``; expect about twice the activations for Qwen2.5-0.5B. Raise it on a GPU.
         clip_low / clip_high: PPO-clip bounds ``[1 - clip_low, 1 + clip_high]`` (DAPO clip-higher defaults,
             arXiv:2503.14476).
-        loss_aggregation: ``token_mean`` (DAPO) or ``sequence_mean`` (GRPO), see :func:`ppo_clip_loss`.
+        loss_aggregation: ``token_mean`` (DAPO), ``sequence_mean`` (GRPO) or ``rollout_mean`` (every rollout weighs
+            the same however its calls were split into samples), see :func:`ppo_clip_loss`.
+        kl_coef / kl_estimator: weight (>= 0) and estimator (``k1``/``k3``) of a KL penalty to the reference policy,
+            the base model with the LoRA adapter disabled (one more no-grad forward per micro-batch when > 0).
+        tis_cap: truncated importance sampling (> 0): the ratio is anchored at the trainer's own logprobs before the
+            update (detached; one optimizer step per batch, so pi_old is the current policy) and each token is
+            weighted by ``min(pi_old / pi_sampling, tis_cap)`` for samples made by stale weights (see
+            :func:`~agentbolt.algorithms.rl.losses.truncated_is_weights`); ``None``: the ratio is anchored at the
+            sampling logprobs, no weight.
         logprob_chunk_tokens: positions per ``lm_head`` + log-softmax chunk (memory vs. speed).
         gradient_checkpointing: recompute decoder activations in the backward (less memory, about one more forward
             of compute).
@@ -96,6 +104,9 @@ class TorchTrainerConfig(BaseModel):
     clip_low: float = Field(default=0.2, ge=0, lt=1)
     clip_high: float = Field(default=0.28, ge=0)
     loss_aggregation: Aggregation = "token_mean"
+    kl_coef: float = Field(default=0.0, ge=0)
+    kl_estimator: KLEstimator = "k3"
+    tis_cap: float | None = Field(default=None, gt=0)
     logprob_chunk_tokens: int = Field(default=512, ge=1)
     gradient_checkpointing: bool = False
 
@@ -208,7 +219,8 @@ class TorchPolicyTrainer:
 
         Returns:
             Floats: ``loss`` (the batch's PPO-clip loss), ``clip_fraction``, ``approx_kl`` (k3, mean over trained
-            tokens), ``ratio_mean``, ``grad_norm`` (before clipping; ``nan`` when no step was taken),
+            tokens), ``kl_reference`` (mean KL estimate to the reference; ``nan`` when ``kl_coef`` is 0),
+            ``ratio_mean``, ``grad_norm`` (before clipping; ``nan`` when no step was taken),
             ``stepped`` (1.0 or 0.0), ``n_samples`` (trained), ``n_skipped_zero_advantage``,
             ``n_skipped_no_loss_tokens``, ``n_tokens`` (non-padding tokens forwarded), ``n_loss_tokens``,
             ``n_padding_tokens``, ``n_micro_batches``, ``tokens_per_s``, ``train_step_s``, ``learning_rate``,
@@ -239,6 +251,7 @@ class TorchPolicyTrainer:
             }
             not_measured = {
                 "approx_kl": math.nan,
+                "kl_reference": math.nan,
                 "clip_fraction": math.nan,
                 "ratio_mean": math.nan,
                 "grad_norm": math.nan,
@@ -251,9 +264,15 @@ class TorchPolicyTrainer:
         token_mean = self.config.loss_aggregation == "token_mean"
         normalizer = float(total_loss_tokens) if token_mean else float(len(kept))
         plan = plan_micro_batches([s.n_tokens for s in kept], self.config.micro_batch_tokens)
+        # rollout_mean: per-token weights over the whole batch, so each rollout weighs the same however split
+        weights = (
+            rollout_mean_weights([s.rollout_id for s in kept], [s.n_loss_tokens for s in kept])
+            if self.config.loss_aggregation == "rollout_mean"
+            else None
+        )
 
         loss_sum = 0.0
-        kl_sum = clip_sum = ratio_sum = 0.0
+        kl_sum = clip_sum = ratio_sum = kl_ref_sum = 0.0
         n_padding = 0
         self.optimizer.zero_grad(set_to_none=True)
         self.model.train()
@@ -262,6 +281,10 @@ class TorchPolicyTrainer:
                 batch = [kept[i] for i in indices]
                 tensors = self._collate(batch)
                 logprobs = self._token_logprobs(tensors)
+                ref_logprobs = None
+                if self.config.kl_coef > 0:
+                    with torch.no_grad(), self.model.disable_adapter():
+                        ref_logprobs = self._token_logprobs(tensors)
                 loss, loss_stats = ppo_clip_loss(
                     logprobs,
                     tensors["sampling_logprobs"][:, 1:],
@@ -270,12 +293,21 @@ class TorchPolicyTrainer:
                     clip_low=self.config.clip_low,
                     clip_high=self.config.clip_high,
                     aggregation=self.config.loss_aggregation,
-                    normalizer=normalizer,
+                    normalizer=normalizer if weights is None else None,
+                    old_logprobs_BT=logprobs.detach() if self.config.tis_cap is not None else None,
+                    tis_cap=self.config.tis_cap,
+                    ref_logprobs_BT=ref_logprobs,
+                    kl_coef=self.config.kl_coef,
+                    kl_estimator=self.config.kl_estimator,
+                    token_weights_B=None
+                    if weights is None
+                    else torch.tensor([weights[i] for i in indices], dtype=torch.float32),
                 )
                 loss.backward()
                 loss_sum += float(loss.item())
                 n = loss_stats.n_loss_tokens
                 kl_sum += loss_stats.approx_kl * n
+                kl_ref_sum += loss_stats.kl_reference * n
                 clip_sum += loss_stats.clip_fraction * n
                 ratio_sum += loss_stats.ratio_mean * n
                 n_padding += int(tensors["input_ids"].numel() - tensors["attention_mask"].sum().item())
@@ -292,6 +324,7 @@ class TorchPolicyTrainer:
         stats.update(
             loss=loss_sum,
             approx_kl=kl_sum / total_loss_tokens,
+            kl_reference=kl_ref_sum / total_loss_tokens,
             clip_fraction=clip_sum / total_loss_tokens,
             ratio_mean=ratio_sum / total_loss_tokens,
             grad_norm=grad_norm,

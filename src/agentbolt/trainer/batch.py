@@ -1,0 +1,158 @@
+"""Which finished rollouts of a step are trained on, and why the others are not. Pure: no store, no I/O.
+
+:func:`select_trajectories` takes each rollout with its last attempt and that attempt's spans (read from the store
+by the loop) and sorts it into exactly one of:
+
+- **infrastructure failure** (:func:`agentbolt.adapter.signals.infrastructure_failure`): the last attempt ended
+  ``timeout`` or ``unresponsive``, or the gateway recorded a backend failure (``upstream_error``,
+  ``backend_unavailable``, ``internal_error``). Excluded and counted by reason; never trained as reward 0, since
+  the policy did not cause it. This check comes first: a succeeded rollout whose agent caught a 502 and returned 0
+  is still excluded.
+- **failed**: the rollout did not succeed for another reason (the agent raised, it was cancelled, it never ran),
+  it has no final reward, or it is flagged ``reward_without_calls``. Excluded and counted.
+- **unmatched**: succeeded and scored, but ``agent_match`` selected none of its calls. Excluded and counted.
+- **trained**: everything else.
+
+:func:`samples_for_step` then turns the trained trajectories into samples: credit (``scheme(trajectory)``, so
+``discounted``, ``intermediate``/AIR and user functions see the whole trajectory), the max_tokens policy, one
+advantage per rollout by name (:func:`~agentbolt.algorithms.rl.advantages.compute_advantages`, so batch estimators
+such as ``reinforce_pp`` work), one advantage per transition
+(:mod:`agentbolt.algorithms.rl.per_transition`), and merged samples
+(:func:`~agentbolt.algorithms.rl.samples.build_samples`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from agentbolt.adapter import build_trajectory
+from agentbolt.adapter.signals import infrastructure_failure
+from agentbolt.algorithms.rl.advantages import compute_advantages
+from agentbolt.algorithms.rl.credit import CreditScheme
+from agentbolt.algorithms.rl.per_transition import (
+    TruncationPolicy,
+    apply_truncation_policy,
+    outcome_scales,
+    transition_advantages,
+)
+from agentbolt.algorithms.rl.samples import SampleBatch, build_samples
+from agentbolt.errors import ConfigError
+from agentbolt.types import Attempt, Rollout, RolloutStatus, Span, Trajectory, TrajectoryFlag, Transition
+
+
+@dataclass
+class TrajectorySelection:
+    """What :func:`select_trajectories` made of a step's rollouts.
+
+    Attributes:
+        trajectories: the trainable trajectories, in rollout order.
+        dropped: trainable transitions that ``agent_match`` left out, over every succeeded, scored rollout.
+        n_failed: rollouts excluded for a reason other than infrastructure (see the module docstring).
+        n_unmatched: succeeded, scored rollouts none of whose calls ``agent_match`` selected.
+        infra_failures: rollouts excluded because their last attempt failed for infrastructure reasons, by reason
+            (``"attempt timeout"``, ``"gateway error upstream_error"``...).
+    """
+
+    trajectories: list[Trajectory] = field(default_factory=list)
+    dropped: list[Transition] = field(default_factory=list)
+    n_failed: int = 0
+    n_unmatched: int = 0
+    infra_failures: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def n_infra_failed(self) -> int:
+        """Rollouts excluded for infrastructure failures."""
+        return sum(self.infra_failures.values())
+
+
+def select_trajectories(
+    finished: Sequence[tuple[Rollout, Attempt | None, Sequence[Span]]], *, agent_match: str | None = None
+) -> TrajectorySelection:
+    """Sort each finished rollout into trained / infrastructure failure / failed / unmatched (module docstring).
+
+    Args:
+        finished: ``(rollout, last attempt or None if it never ran, that attempt's spans)`` per rollout.
+        agent_match: as in :func:`agentbolt.adapter.build_trajectory`.
+
+    Returns:
+        A :class:`TrajectorySelection`; every rollout is counted exactly once.
+    """
+    out = TrajectorySelection()
+    for rollout, attempt, spans in finished:
+        if attempt is None:
+            out.n_failed += 1
+            continue
+        reason = infrastructure_failure(attempt.status, spans)
+        if reason is not None:
+            out.infra_failures[reason] = out.infra_failures.get(reason, 0) + 1
+            continue
+        if rollout.status is not RolloutStatus.SUCCEEDED:
+            out.n_failed += 1
+            continue
+        trajectory = build_trajectory(rollout, attempt.attempt_id, spans, agent_match=agent_match)
+        if trajectory.final_reward is None:
+            out.n_failed += 1
+            continue
+        if agent_match is not None:
+            everything = build_trajectory(rollout, attempt.attempt_id, spans)
+            kept = {t.span_id for t in trajectory.transitions}
+            out.dropped.extend(t for t in everything.transitions if t.span_id not in kept)
+        if not trajectory.trainable:
+            if TrajectoryFlag.NO_MATCHING_AGENT in trajectory.flags:
+                out.n_unmatched += 1
+            else:
+                out.n_failed += 1
+            continue
+        out.trajectories.append(trajectory)
+    return out
+
+
+def samples_for_step(
+    trajectories: Sequence[Trajectory],
+    *,
+    credit: CreditScheme,
+    estimator: str,
+    truncated: TruncationPolicy = "keep",
+    truncated_reward: float = -1.0,
+    merge: bool = True,
+) -> SampleBatch:
+    """Credit, advantages and samples of a step's trained trajectories (module docstring).
+
+    For trajectory ``i`` with outcome ``R_i`` and transitions ``t``: ``r_t = credit(trajectory)[t]``, then the
+    max_tokens policy (:func:`~agentbolt.algorithms.rl.per_transition.apply_truncation_policy`), written onto
+    ``transition.reward`` (the one side effect); ``A_i = compute_advantages(R, groups, estimator)[i]`` with groups
+    ``(task_id, resources_id)``; ``A_t = A_i + (r_t - R_i) / s_i``
+    (:func:`~agentbolt.algorithms.rl.per_transition.transition_advantages`).
+
+    Args:
+        trajectories: trainable trajectories (each has a final reward).
+        credit: the credit-assignment scheme.
+        estimator: an advantage estimator's name (per group or batch).
+        truncated / truncated_reward: the max_tokens policy and the ``penalize`` reward.
+        merge: merge transitions that extend each other into one sample.
+
+    Raises:
+        ConfigError: a trajectory has no final reward, the estimator is unknown, or credit fails its checks.
+    """
+    outcomes: list[float] = []
+    for trajectory in trajectories:
+        if trajectory.final_reward is None:
+            raise ConfigError(
+                f"trajectory of rollout {trajectory.rollout_id} has no final reward; it cannot be trained on"
+            )
+        outcomes.append(float(trajectory.final_reward))
+    keys = [(t.task_id, t.resources_id) for t in trajectories]
+    advantages_N = compute_advantages(outcomes, keys, estimator)
+    scales_N = outcome_scales(outcomes, keys, estimator)
+    advantages: dict[str, list[float]] = {}
+    trained: dict[str, list[bool]] = {}
+    for trajectory, outcome, advantage, scale in zip(trajectories, outcomes, advantages_N, scales_N, strict=True):
+        rewards_T, trained_T = apply_truncation_policy(
+            [t.finish_reason for t in trajectory.transitions], credit(trajectory), truncated, truncated_reward
+        )
+        for transition, reward in zip(trajectory.transitions, rewards_T, strict=True):
+            transition.reward = reward
+        advantages[trajectory.rollout_id] = transition_advantages(advantage, rewards_T, outcome, scale)
+        trained[trajectory.rollout_id] = trained_T
+    return build_samples(trajectories, advantages, trained_by_rollout=trained, merge=merge)
