@@ -25,3 +25,25 @@ def test_unknown_store_url_is_refused() -> None:
     result = CliRunner().invoke(app, ["serve", "--store", "ftp://x", "--port", "0"])
     assert result.exit_code == 2
     assert "unknown store URL" in result.output
+
+
+def test_a_port_out_of_range_is_refused() -> None:
+    result = CliRunner().invoke(app, ["serve", "--store", "memory://", "--port", "99999"])
+    assert result.exit_code == 2
+    assert "port must be between 0 and 65535" in result.output and "Traceback" not in result.output
+
+
+def test_a_file_that_is_not_a_sqlite_store_is_refused(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.db"
+    junk.write_text("not a database")
+    for target in (junk, tmp_path):  # a text file, and a folder
+        result = CliRunner().invoke(app, ["serve", "--store", f"sqlite:///{target}", "--port", "0"])
+        assert result.exit_code == 2, result.output
+        assert f"cannot open the SQLite store file {target}" in result.output and "Traceback" not in result.output
+    assert junk.read_text() == "not a database"  # left as it was
+
+
+def test_a_runner_needs_the_address_of_a_server() -> None:
+    result = CliRunner().invoke(app, ["run", "--agent", "examples.calc_agent.agent:calc_agent", "--store", "x.db"])
+    assert result.exit_code == 2
+    assert "must be the http(s):// address of an agentbolt server" in result.output

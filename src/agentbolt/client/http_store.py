@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import aiohttp
 from pydantic import BaseModel, TypeAdapter
 
-from agentbolt.errors import ERRORS_BY_NAME, AgentboltError, BackendError
+from agentbolt.errors import ERRORS_BY_NAME, AgentboltError, BackendError, ConfigError
 from agentbolt.store import rules
 from agentbolt.store.base import EnqueueRequest, StoreCapabilities
 from agentbolt.types import (
@@ -59,11 +59,20 @@ class HttpLightningStore:
         token: bearer token, if the server requires one.
         timeout_s: per-request timeout in seconds.
         read_retries: retries of idempotent GETs on connection errors (not on HTTP errors).
+
+    Raises:
+        ConfigError: ``base_url`` is not an ``http://`` or ``https://`` URL.
     """
 
     capabilities = StoreCapabilities(durable=True, shared_across_processes=True)
 
     def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 60.0, read_retries: int = 3):
+        if not base_url.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"the store URL of a runner or client must be the http(s):// address of an agentbolt server, got "
+                f"{base_url!r}; start one with `agentbolt serve --store <sqlite/postgres URL>` and pass its address, "
+                "e.g. http://127.0.0.1:8765"
+            )
         self.base_url = base_url.rstrip("/")
         self._headers = {"Content-Type": "application/json"}
         if token:

@@ -15,7 +15,9 @@ from agentbolt.errors import ConfigError
 
 
 def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
-    """Bind a listening TCP socket. Raises ConfigError with a clear message when the port is taken."""
+    """Bind a listening TCP socket. Raises ConfigError with a clear message when the port is taken or invalid."""
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"port must be between 0 and 65535 (0 = any free port), got {port}")
     # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and without it
     # Nagle + delayed ACK add ~40 ms to every keep-alive request.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)

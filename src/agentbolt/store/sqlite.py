@@ -30,7 +30,7 @@ from agentbolt.errors import AgentboltError, ConfigError
 from agentbolt.store import rules, tables, waiting
 from agentbolt.store import sqlite_schema as schema
 from agentbolt.store.base import EnqueueRequest, StoreCapabilities
-from agentbolt.store.sqlite_inline import InlineBusy, InlineRunner, LockedElsewhere
+from agentbolt.store.sqlite_inline import InlineBusy, InlineRunner, LockedElsewhere, is_lock_error
 from agentbolt.store.sqlite_writer import GroupCommitThread
 from agentbolt.types import (
     Attempt,
@@ -130,10 +130,23 @@ class SqliteLightningStore:
     # ----------------------------------------------------------------- plumbing
     def _open_connection(self, busy_timeout_s: float | None = None) -> sqlite3.Connection:
         """Open the file (WAL, the chosen ``synchronous``) and migrate its schema. ``busy_timeout_s``: how long a
-        statement waits for another connection's lock (default: the store's ``busy_timeout_s``)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        statement waits for another connection's lock (default: the store's ``busy_timeout_s``).
+
+        Raises:
+            ConfigError: the path is not a SQLite database, or cannot be created or opened.
+        """
         timeout = self.busy_timeout_s if busy_timeout_s is None else busy_timeout_s
-        conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None, check_same_thread=False)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA schema_version").fetchone()  # reads the header: "not a database" shows here
+        except (OSError, sqlite3.DatabaseError) as exc:
+            if isinstance(exc, sqlite3.OperationalError) and is_lock_error(exc):
+                raise
+            raise ConfigError(
+                f"cannot open the SQLite store file {self.path}: {exc}; give the path of a new file or of a store "
+                "file written by agentbolt, in a folder you can write to"
+            ) from exc
         try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={self.synchronous.upper()}")
