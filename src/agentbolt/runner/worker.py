@@ -261,7 +261,7 @@ class Runner:
             except Exception as report_exc:  # e.g. the attempt already expired; the store decides
                 logger.warning("could not report failure of %s: %r", attempt.attempt_id, report_exc)
             self.stats.failed += 1
-            logger.info("attempt %s failed: %s: %s", attempt.attempt_id, type(exc).__name__, exc)
+            logger.warning("attempt %s failed: %s: %s", attempt.attempt_id, type(exc).__name__, exc)
         finally:
             slot.attempt = None
 
