@@ -40,6 +40,7 @@ from typing import Any
 
 from agentbolt import semconv
 from agentbolt.adapter.agents import agent_name_of
+from agentbolt.inference.chat_format import content_text
 from agentbolt.types import Span
 
 _GEN_AI_LLM_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
@@ -159,17 +160,7 @@ def _canonical_message(message: Mapping[str, Any]) -> CanonicalMessage:
     calls = tuple(_canonical_tool_call(c) for c in (message.get("tool_calls") or []) if isinstance(c, Mapping))
     role = message.get("role")
     role_text = str(role) if role else ("assistant" if calls else "")
-    return _ROLE_ALIASES.get(role_text, role_text), _content_text(message.get("content")), calls
-
-
-def _content_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping) and "text" in p)
-    return str(content)
+    return _ROLE_ALIASES.get(role_text, role_text), content_text(message.get("content")), calls
 
 
 def _canonical_tool_call(call: Mapping[str, Any]) -> CanonicalToolCall:
@@ -230,10 +221,10 @@ def _result_content(value: Any) -> str:
         except ValueError:
             return value
         if isinstance(decoded, Mapping):
-            return _content_text(decoded.get("content"))
+            return content_text(decoded.get("content"))
         return value
     if isinstance(value, Mapping):
-        return _content_text(value.get("content"))
+        return content_text(value.get("content"))
     return str(value)
 
 

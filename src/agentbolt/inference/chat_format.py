@@ -10,6 +10,7 @@ of tools. These functions close those gaps; the text forms they write for tools 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -28,7 +29,7 @@ def normalize_messages(messages: list[dict[str, Any]], *, inline_tool_calls: boo
     normalized: list[dict[str, Any]] = []
     for message in messages:
         out = {key: value for key, value in message.items() if value is not None or key == "content"}
-        out["content"] = _content_text(message.get("content"))
+        out["content"] = content_text(message.get("content"))
         calls = [_normalize_tool_call(call) for call in (message.get("tool_calls") or [])]
         out.pop("tool_calls", None)
         if calls and inline_tool_calls:
@@ -47,13 +48,15 @@ def normalize_messages(messages: list[dict[str, Any]], *, inline_tool_calls: boo
     return normalized
 
 
-def _content_text(content: Any) -> str:
+def content_text(content: Any) -> str:
+    """The text of an OpenAI message ``content``: ``None`` -> ``""``, a string as is, a list of parts -> the
+    concatenation of the parts' ``text`` fields, anything else -> ``str(content)``."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict) and "text" in part)
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, Mapping) and "text" in part)
     return str(content)
 
 
