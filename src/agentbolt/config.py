@@ -43,6 +43,14 @@ class GRPOConfig(_Config):
         max_attempts: tries per rollout (retries only on timeout/unresponsive).
         accuracy_reward_name: the named reward that evaluation reads as accuracy (0 or 1).
         seed: shuffles the training tasks.
+        async_rollouts: steps of rollouts enqueued ahead of the update (asynchronous training,
+            :meth:`agentbolt.trainer.loop.RLTrainer.train`): 0 = synchronous; ``k`` = runners keep generating the
+            next ``k`` steps' rollouts while the trainer updates, so a batch holds calls up to ``k`` versions old.
+        max_staleness: under asynchronous training, calls made by weights more than this many versions behind the
+            trainer's are stale (:mod:`agentbolt.algorithms.rl.staleness`); ``None``: ``async_rollouts``.
+        stale_policy: ``drop`` stale calls (loss mask 0) or ``reweight`` them (advantage times
+            ``stale_decay ** (staleness - max_staleness)``).
+        stale_decay: the per-version weight of ``reweight``, in ``(0, 1]``.
     """
 
     steps: int = Field(default=4, ge=0)
@@ -62,6 +70,15 @@ class GRPOConfig(_Config):
     max_attempts: int = Field(default=2, ge=1)
     accuracy_reward_name: str = "correct"
     seed: int = 0
+    async_rollouts: int = Field(default=0, ge=0)
+    max_staleness: int | None = Field(default=None, ge=0)
+    stale_policy: Literal["drop", "reweight"] = "drop"
+    stale_decay: float = Field(default=0.5, gt=0, le=1)
+
+    @property
+    def effective_max_staleness(self) -> int:
+        """``max_staleness``, or ``async_rollouts`` when it is unset."""
+        return self.async_rollouts if self.max_staleness is None else self.max_staleness
 
     @model_validator(mode="after")
     def _check(self) -> GRPOConfig:

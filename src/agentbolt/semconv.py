@@ -86,6 +86,8 @@ LLM_ERROR_CODE: Final = "agentbolt.llm.error_code"
 """str: OpenAI-style code of a failed call (``context_length_exceeded``, ``upstream_error``, ...)."""
 LLM_NOT_TRAINABLE_REASON: Final = "agentbolt.llm.not_trainable_reason"
 """str: why ``agentbolt.llm.trainable`` is False (no token ids, failed call, client gone, answer not delivered)."""
+LLM_SWAP_WAIT_S: Final = "agentbolt.llm.swap_wait_s"
+"""float: seconds the call waited at the gateway for a weight swap to end (absent when it did not wait)."""
 
 # Agent-side spans of agentbolt.tracing (emit_message, emit_object, @operation).
 SPAN_MESSAGE: Final = "agentbolt.message"

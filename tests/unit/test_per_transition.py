@@ -66,7 +66,7 @@ def _group() -> list[Trajectory]:
 
 
 def _view(trajectories: list[Trajectory], **kwargs: object) -> list[tuple[str, list[int], list[int], float]]:
-    batch = samples_for_step(trajectories, **kwargs)  # type: ignore[arg-type]
+    batch = samples_for_step(trajectories, **kwargs).batch  # type: ignore[arg-type]
     return [(s.rollout_id, s.input_ids, s.loss_mask, s.advantage) for s in batch.samples]
 
 

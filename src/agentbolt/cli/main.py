@@ -117,6 +117,14 @@ def run(
         Path("."), help="folder put first on sys.path before importing the agent (default: the current folder)"
     ),
     token: str | None = typer.Option(None, envvar="AGENTBOLT_TOKEN", help="bearer token of the server"),
+    ray_runners: int = typer.Option(
+        0,
+        help="fan out on Ray: this many runners, one Ray actor each (--concurrency and --exit-after apply to each; "
+        "--worker-id becomes their name prefix); 0: one runner in this process. Needs pip install 'agentbolt[ray]'",
+    ),
+    ray_address: str | None = typer.Option(
+        None, help="with --ray-runners: the Ray cluster to join ('auto', 'ray://host:10001'); default: a local Ray"
+    ),
 ) -> None:
     """Run a runner: claim rollouts from the server, run the agent on each, report the outcomes (agent side only)."""
     import signal
@@ -133,8 +141,17 @@ def run(
         _fail(ValueError(f"--exit-after must be >= 1, got {exit_after}"))
     if no_instrument and instrument:
         _fail(ValueError("--no-instrument and --instrument exclude each other"))
+    if ray_runners < 0:
+        _fail(ValueError(f"--ray-runners must be >= 0, got {ray_runners}"))
+    if ray_address is not None and not ray_runners:
+        _fail(ValueError("--ray-address needs --ray-runners N"))
     sys.path.insert(0, str(app_dir.resolve()))
     frameworks: bool | list[str] = False if no_instrument else (list(instrument) if instrument else True)
+    if ray_runners:
+        _run_on_ray(
+            agent, store, ray_runners, concurrency, frameworks, exit_after, worker_id, app_dir, token, ray_address
+        )
+        return
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -161,6 +178,58 @@ def run(
     try:
         asyncio.run(main())
     except AgentboltError as exc:
+        _fail(exc)
+
+
+def _run_on_ray(
+    agent: str,
+    store: str,
+    runners: int,
+    concurrency: int,
+    frameworks: bool | list[str],
+    exit_after: int | None,
+    worker_id: str | None,
+    app_dir: Path,
+    token: str | None,
+    ray_address: str | None,
+) -> None:
+    """``agentbolt run --ray-runners N``: N runners as Ray actors; until each hit --exit-after, Ctrl-C or SIGTERM."""
+    import signal
+    import threading
+    import time
+
+    from agentbolt.runner.ray_runners import RayRunnerPool
+
+    pool = RayRunnerPool(
+        agent,
+        store,
+        runners=runners,
+        concurrency=concurrency,
+        token=token,
+        exit_after=exit_after,
+        ray_address=ray_address,
+        python_path=[str(app_dir.resolve())],
+        instrument=frameworks,
+        worker_prefix=worker_id or "ray",
+    )
+    try:
+        pool.start()
+        stopping = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stopping.set())  # after ray.init, which sets its own
+        names = ", ".join(pool.worker_ids)
+        console.print(f"agentbolt: {runners} Ray runners ({names}) running {agent} against {store}")
+        try:
+            while not stopping.is_set() and not pool.done():
+                time.sleep(0.2)
+        except KeyboardInterrupt:
+            pass
+        stats = pool.stop()
+        console.print(
+            f"{runners} Ray runners stopped: {stats.succeeded} succeeded, {stats.failed} failed, "
+            f"{stats.spans_written} spans written, {stats.span_write_errors + stats.spans_dropped} spans lost"
+        )
+    except (AgentboltError, TimeoutError) as exc:
+        pool.stop(timeout_s=5.0)
         _fail(exc)
 
 
@@ -191,6 +260,69 @@ def demo(
         asyncio.run(run_demo(config, console))
     except (AgentboltError, ValidationError) as exc:
         _fail(exc)
+
+
+@app.command()
+def train(
+    config: Path = typer.Argument(..., help="YAML file of the job's settings, e.g. examples/calc_agent/config.yaml"),
+    set_: list[str] | None = typer.Option(
+        None,
+        "--set",
+        help="override one setting, as dotted.key=value (repeatable), e.g. --set grpo.advantage_estimator=rloo",
+    ),
+    out: Path | None = typer.Option(None, help="output directory (overrides out_dir of the file)"),
+    overwrite: bool = typer.Option(False, help="replace an existing OUT/store.db"),
+) -> None:
+    """Train an agent with LightningRL on this machine from a YAML config; writes store.db, summary.json and
+    reward_curve.png into the output directory."""
+    from agentbolt.trainer.demo import load_train_config, run_training
+
+    logging.basicConfig(level=logging.WARNING)
+    overrides = list(set_ or [])
+    if out is not None:
+        overrides.append(f"out_dir={out}")
+    if overwrite:
+        overrides.append("overwrite=true")
+    try:
+        job = load_train_config(config, overrides)
+        asyncio.run(run_training(job, console))
+    except (AgentboltError, ValidationError) as exc:
+        _fail(exc)
+
+
+@app.command()
+def plot(
+    summaries: list[Path] = typer.Argument(..., help="summary.json files written by agentbolt train / demo"),
+    out: Path = typer.Option(Path("reward_curves.png"), help="the PNG to write"),
+    label: str = typer.Option(
+        "advantage_estimator",
+        help="the summary field that names each curve (advantage_estimator, credit_assignment, async_rollouts), "
+        "or 'dir' for the run's folder name",
+    ),
+) -> None:
+    """Plot the train-reward curves of several runs in one figure (e.g. one run per advantage estimator)."""
+    import json
+
+    from agentbolt.trainer.demo import plot_reward_curves
+
+    runs: dict[str, list[float]] = {}
+    try:
+        for path in summaries:
+            try:
+                summary = json.loads(path.read_text())
+            except (OSError, ValueError) as exc:
+                raise AgentboltError(f"cannot read {path}: {exc}") from None
+            if not isinstance(summary, dict) or "train_reward" not in summary:
+                raise AgentboltError(f"{path} is not a summary.json of agentbolt train (no train_reward)")
+            name = path.parent.name if label == "dir" else str(summary.get(label, path.parent.name))
+            if name in runs:
+                name = f"{name} ({path.parent.name})"
+            runs[name] = [float(x) for x in summary["train_reward"]]
+            console.print(f"{name}: {[round(r, 3) for r in runs[name]]}")
+        plot_reward_curves(out, runs)
+    except AgentboltError as exc:
+        _fail(exc)
+    console.print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from agentbolt.errors import ConfigError
 from agentbolt.inference.base import InferenceBackend
 from agentbolt.server.errors import install_error_handlers
 from agentbolt.server.gateway.routes import router as gateway_router
+from agentbolt.server.gateway.swap import WeightSwapGate
 from agentbolt.server.hot_routes import HotRoutes
 from agentbolt.server.middleware import DEFAULT_MAX_BODY_BYTES, BearerTokenMiddleware, BodySizeLimitMiddleware
 from agentbolt.server.otlp import router as otlp_router
@@ -42,6 +43,7 @@ def create_app(
     *,
     token: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    swap_gate: WeightSwapGate | None = None,
 ) -> AgentboltApp:
     """Build the server app.
 
@@ -51,6 +53,8 @@ def create_app(
         token: when set (non-empty), every route requires ``Authorization: Bearer <token>`` (401 otherwise).
         max_body_bytes: largest accepted request body in bytes, declared or streamed (413 above it); for OTLP
             bodies the limit applies after decompression too. Default 16 MiB.
+        swap_gate: holds gateway calls while a trainer swaps the serving weights
+            (:mod:`agentbolt.server.gateway.swap`); ``None``: a gate of its own that nobody closes.
 
     Raises:
         ConfigError: ``max_body_bytes`` < 1, or a token that cannot travel in a header.
@@ -75,6 +79,7 @@ def create_app(
     )
     app.state.store = store
     app.state.backend = backend
+    app.state.swap_gate = swap_gate if swap_gate is not None else WeightSwapGate()
     app.state.max_body_bytes = max_body_bytes
     install_error_handlers(app)
 

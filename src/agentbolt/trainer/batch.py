@@ -18,7 +18,8 @@ by the loop) and sorts it into exactly one of:
 advantage per rollout by name (:func:`~agentbolt.algorithms.rl.advantages.compute_advantages`, so batch estimators
 such as ``reinforce_pp`` work), one advantage per transition
 (:mod:`agentbolt.algorithms.rl.per_transition`), and merged samples
-(:func:`~agentbolt.algorithms.rl.samples.build_samples`).
+(:func:`~agentbolt.algorithms.rl.samples.build_samples`). Under asynchronous training, transitions sampled by
+weights too many versions old are dropped or reweighted before merging (:mod:`agentbolt.algorithms.rl.staleness`).
 """
 
 from __future__ import annotations
@@ -37,8 +38,34 @@ from agentbolt.algorithms.rl.per_transition import (
     transition_advantages,
 )
 from agentbolt.algorithms.rl.samples import SampleBatch, build_samples
+from agentbolt.algorithms.rl.staleness import StalenessReport, StalePolicy, apply_staleness
 from agentbolt.errors import ConfigError
 from agentbolt.types import Attempt, Rollout, RolloutStatus, Span, Trajectory, TrajectoryFlag, Transition
+
+
+@dataclass(frozen=True)
+class StalenessSettings:
+    """The staleness bound of asynchronous training (:mod:`agentbolt.algorithms.rl.staleness`).
+
+    Attributes:
+        versions: the trainer's published weights versions, oldest first; the last is the current one.
+        max_staleness: transitions more versions behind than this are stale.
+        policy: ``drop`` or ``reweight`` the stale ones.
+        decay: the per-version weight of ``reweight``, in ``(0, 1]``.
+    """
+
+    versions: tuple[str, ...]
+    max_staleness: int
+    policy: StalePolicy = "drop"
+    decay: float = 0.5
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """What :func:`samples_for_step` made: the samples, and what the staleness rule did (``None`` without one)."""
+
+    batch: SampleBatch
+    staleness: StalenessReport | None = None
 
 
 @dataclass
@@ -116,7 +143,8 @@ def samples_for_step(
     truncated: TruncationPolicy = "keep",
     truncated_reward: float = -1.0,
     merge: bool = True,
-) -> SampleBatch:
+    staleness: StalenessSettings | None = None,
+) -> StepBatch:
     """Credit, advantages and samples of a step's trained trajectories (module docstring).
 
     For trajectory ``i`` with outcome ``R_i`` and transitions ``t``: ``r_t = credit(trajectory)[t]``, then the
@@ -131,9 +159,12 @@ def samples_for_step(
         estimator: an advantage estimator's name (per group or batch).
         truncated / truncated_reward: the max_tokens policy and the ``penalize`` reward.
         merge: merge transitions that extend each other into one sample.
+        staleness: the staleness bound (asynchronous training), applied after the per-transition advantages and
+            before merging; ``None``: every transition is fresh.
 
     Raises:
-        ConfigError: a trajectory has no final reward, the estimator is unknown, or credit fails its checks.
+        ConfigError: a trajectory has no final reward, the estimator is unknown, credit fails its checks, or bad
+            staleness settings.
     """
     outcomes: list[float] = []
     for trajectory in trajectories:
@@ -155,4 +186,15 @@ def samples_for_step(
             transition.reward = reward
         advantages[trajectory.rollout_id] = transition_advantages(advantage, rewards_T, outcome, scale)
         trained[trajectory.rollout_id] = trained_T
-    return build_samples(trajectories, advantages, trained_by_rollout=trained, merge=merge)
+    report = None
+    if staleness is not None:
+        report = apply_staleness(
+            trajectories,
+            advantages,
+            trained,
+            versions=staleness.versions,
+            max_staleness=staleness.max_staleness,
+            policy=staleness.policy,
+            decay=staleness.decay,
+        )
+    return StepBatch(build_samples(trajectories, advantages, trained_by_rollout=trained, merge=merge), report)

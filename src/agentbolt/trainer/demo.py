@@ -1,22 +1,26 @@
-"""``agentbolt demo``: train the calculator agent with GRPO on this machine, end to end.
+"""``agentbolt train CONFIG.yaml`` and ``agentbolt demo``: train an agent with LightningRL on this machine, end to end.
 
 Everything runs locally: a SQLite store file, the server (store API + gateway) on a free loopback port, the embedded
-model (served and trained with LoRA in this process, sharing one set of weights), and runner processes that execute
-the agent in ``examples/calc_agent`` against the gateway. Outputs: ``store.db``, ``reward_curve.png``, ``summary.json``.
+model (served from a plain copy, trained with LoRA in this process), and runner processes that execute the agent
+against the gateway. ``agentbolt demo`` is the calculator agent of ``examples/calc_agent`` with default settings;
+``agentbolt train`` reads the same settings from a YAML file (:class:`TrainConfig`, e.g.
+``examples/calc_agent/config.yaml``). Outputs in ``out_dir``: ``store.db``, ``reward_curve.png``, ``summary.json``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import json
 import logging
 import resource
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -24,20 +28,31 @@ from rich.table import Table
 from agentbolt.config import GRPOConfig, _Config
 from agentbolt.errors import ConfigError
 
+if TYPE_CHECKING:
+    from agentbolt.trainer.loop import StepResult
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_AGENT = "examples.calc_agent.agent:calc_agent"
+DEFAULT_TASKS = "examples.calc_agent.tasks"
 
 
-class DemoConfig(_Config):
-    """Settings of ``agentbolt demo``.
+class TrainConfig(_Config):
+    """Settings of ``agentbolt train`` (the YAML file) and ``agentbolt demo``.
 
     Attributes:
         out_dir: where ``store.db``, ``reward_curve.png`` and ``summary.json`` are written.
-        model: embedded model name (``qwen2.5-0.5b`` or ``smollm2-135m``).
-        grpo: the RL settings.
-        train_size: training tasks generated (reasoning-gym, fixed seed).
-        val_size: tasks per validation set (``None``: whole set).
+        model: embedded model name (``qwen2.5-0.5b`` or ``smollm2-135m``) or a prepared bf16 model directory.
+        grpo: the RL settings (:class:`~agentbolt.config.GRPOConfig`: estimator, credit assignment, asynchronous
+            training...).
+        tasks: the module that provides the tasks, as ``package.module``, imported from the current folder; it must
+            define ``load_train_tasks(size) -> list[dict]`` and ``load_val_sets(n_per_set) -> dict[str, list[dict]]``.
+        train_size: training tasks asked of ``load_train_tasks``.
+        val_size: tasks per validation set (``None``: whole set; 0: no evaluation).
+        eval_before / eval_after: evaluate on the validation sets before / after training.
+        torch_trainer: more settings of the torch trainer backend
+            (:class:`~agentbolt.algorithms.rl.torch_backend.TorchTrainerConfig` fields such as ``kl_coef``,
+            ``tis_cap``, ``loss_aggregation``, ``micro_batch_tokens``); ``learning_rate`` is set above.
         runner_processes / runner_concurrency: runner fan-out (processes x rollouts at once each).
         max_batch_size: gateway batch limit of the embedded backend.
         batch_wait_s: how long the backend waits for more requests before starting a batch (seconds).
@@ -46,13 +61,18 @@ class DemoConfig(_Config):
         agent: the agent as ``module:attribute``.
         agent_match: regular expression over agent names; only the matching agents' LLM calls are trained
             (``None``: all of them).
+        device: where the model is served and trained (``cpu``, ``cuda``, ``cuda:N``).
     """
 
     out_dir: Path = Path("runs/demo")
     model: str = "qwen2.5-0.5b"
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
-    train_size: int = 512
-    val_size: int | None = 8
+    tasks: str = DEFAULT_TASKS
+    train_size: int = Field(default=512, ge=1)
+    val_size: int | None = Field(default=8, ge=0)
+    eval_before: bool = True
+    eval_after: bool = True
+    torch_trainer: dict[str, Any] = Field(default_factory=dict)
     learning_rate: float = Field(default=2e-4, gt=0)
     runner_processes: int = 2
     runner_concurrency: int = 8
@@ -61,6 +81,7 @@ class DemoConfig(_Config):
     overwrite: bool = False
     agent: str = DEFAULT_AGENT
     agent_match: str | None = None
+    device: str = "cpu"
 
 
 def _peak_rss_mb() -> dict[str, float]:
@@ -69,18 +90,105 @@ def _peak_rss_mb() -> dict[str, float]:
     return {"trainer_and_server_mb": self_kb / 1024, "largest_child_mb": child_kb / 1024}
 
 
-def _load_example() -> Any:
-    """Import the calc example from the repository (``examples/`` next to the working directory)."""
+DemoConfig = TrainConfig
+"""The settings of ``agentbolt demo`` are those of ``agentbolt train``."""
+
+
+def load_tasks_module(name: str) -> Any:
+    """Import the tasks module ``name`` (the current folder first on ``sys.path``) and check its two functions.
+
+    Raises:
+        ConfigError: it cannot be imported (e.g. the calc example outside a clone of the repository) or lacks
+            ``load_train_tasks`` / ``load_val_sets``.
+    """
     if str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
     try:
-        from examples.calc_agent import tasks
+        module = importlib.import_module(name)
     except ImportError as exc:
-        raise ConfigError(
-            "agentbolt demo runs the example agent in examples/calc_agent; run it from the root of a clone of the "
-            f"agentbolt repository ({exc})"
-        ) from exc
-    return tasks
+        hint = (
+            "; the calc example lives in examples/calc_agent: run from the root of a clone of the agentbolt repository"
+            if name.startswith("examples.")
+            else ""
+        )
+        raise ConfigError(f"cannot import the tasks module {name!r} ({exc}){hint}") from exc
+    for function in ("load_train_tasks", "load_val_sets"):
+        if not callable(getattr(module, function, None)):
+            raise ConfigError(f"tasks module {name!r} has no function {function}(); see TrainConfig.tasks")
+    return module
+
+
+def load_train_config(path: Path, overrides: Sequence[str] = ()) -> TrainConfig:
+    """Read a :class:`TrainConfig` from a YAML file, with ``key.sub=value`` overrides applied on top.
+
+    Args:
+        path: the YAML file (a mapping of :class:`TrainConfig` fields).
+        overrides: ``dotted.key=value`` strings; each value is read as YAML (``3``, ``0.5``, ``true``, ``rloo``).
+
+    Raises:
+        ConfigError: the file is missing or not a YAML mapping, an override has no ``=``, or a value is invalid
+            (the message names the field).
+    """
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of settings (key: value), got {type(data).__name__}")
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} must look like key=value, e.g. grpo.advantage_estimator=rloo")
+        node = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {part} is not a section")
+            node = child
+        node[parts[-1]] = yaml.safe_load(raw)
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or '(top)'}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"{path}: {problems}") from None
+
+
+def plot_reward_curves(path: Path, runs: dict[str, list[float]], *, title: str = "train reward per step") -> None:
+    """Write one figure with a train-reward curve per run (e.g. one run per advantage estimator).
+
+    Args:
+        path: the PNG to write.
+        runs: ``label -> mean train reward of each step`` (step 1 first).
+        title: the figure's title.
+
+    Raises:
+        ConfigError: ``runs`` is empty.
+    """
+    if not runs:
+        raise ConfigError("no runs to plot; give at least one summary.json")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, rewards in runs.items():
+        ax.plot(list(range(1, len(rewards) + 1)), rewards, marker="o", label=label)
+    ax.set_xlabel("train step")
+    ax.set_ylabel("mean train reward")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def plot_reward_curve(
@@ -97,12 +205,12 @@ def plot_reward_curve(
     ax1.plot(steps, train_reward, marker="o")
     ax1.set_xlabel("train step")
     ax1.set_ylabel("mean train reward (shaped)")
-    ax1.set_title("GRPO train reward")
+    ax1.set_title("train reward")
     ax1.grid(alpha=0.3)
-    names = list(val_before)
+    names = list(dict.fromkeys([*val_before, *val_after]))
     xs = range(len(names))
     width = 0.38
-    ax2.bar([x - width / 2 for x in xs], [val_before[n] for n in names], width, label="before")
+    ax2.bar([x - width / 2 for x in xs], [val_before.get(n, 0.0) for n in names], width, label="before")
     ax2.bar([x + width / 2 for x in xs], [val_after.get(n, 0.0) for n in names], width, label="after")
     ax2.set_xticks(list(xs), names, rotation=15)
     ax2.set_ylim(0, 1)
@@ -114,31 +222,45 @@ def plot_reward_curve(
     plt.close(fig)
 
 
-async def run_demo(config: DemoConfig, console: Console | None = None) -> dict[str, Any]:
-    """Run the whole loop and return the summary (also written to ``out_dir/summary.json``).
+async def run_training(config: TrainConfig, console: Console | None = None) -> dict[str, Any]:
+    """Run the whole job and return the summary (also written to ``out_dir/summary.json``).
 
     Raises:
-        ConfigError: an unknown model name, an existing store without ``overwrite``, the example not importable
-            (not run from a clone of the repository), or a bad ``agent_match`` pattern.
+        ConfigError: an unknown model name, bad torch trainer settings, an existing store without ``overwrite``, the
+            tasks module not importable (the calc example outside a clone of the repository), or a bad
+            ``agent_match`` pattern; all before anything is written.
     """
     console = console or Console()
     t_start = time.perf_counter()
     from agentbolt.adapter.agents import compile_agent_match
+    from agentbolt.algorithms.rl.advantages import compute_advantages
+    from agentbolt.algorithms.rl.credit import build_credit_scheme
+    from agentbolt.algorithms.rl.torch_backend import TorchTrainerConfig
     from agentbolt.inference.model_files import get_model_spec
     from agentbolt.trainer.local import fresh_db_path, local_training
 
     if not Path(config.model).is_dir():
         get_model_spec(config.model)  # an unknown name fails here, before anything is written
     compile_agent_match(config.agent_match)
+    build_credit_scheme(
+        config.grpo.credit_assignment, gamma=config.grpo.credit_gamma, air_weights=config.grpo.air_weights
+    )  # an unknown scheme fails here, naming the known ones
+    compute_advantages([], [], config.grpo.advantage_estimator)  # likewise an unknown estimator
+    try:
+        trainer_config = TorchTrainerConfig(learning_rate=config.learning_rate, **config.torch_trainer)
+    except (ValidationError, TypeError) as exc:
+        raise ConfigError(f"torch_trainer: {exc}") from None
+    tasks_mod = load_tasks_module(config.tasks)
     db_path = fresh_db_path(config.out_dir, overwrite=config.overwrite)
-    tasks_mod = _load_example()
 
     train_tasks = tasks_mod.load_train_tasks(size=config.train_size)
-    val_sets = tasks_mod.load_val_sets(n_per_set=config.val_size)
+    evaluating = config.val_size != 0 and (config.eval_before or config.eval_after)
+    val_sets: dict[str, list[dict[str, Any]]] = tasks_mod.load_val_sets(n_per_set=config.val_size) if evaluating else {}
+    grpo = config.grpo
     console.print(
-        f"[bold]agentbolt demo[/]: model={config.model} steps={config.grpo.steps} "
-        f"tasks/step={config.grpo.tasks_per_step} group={config.grpo.group_size} "
-        f"val={ {k: len(v) for k, v in val_sets.items()} }"
+        f"[bold]agentbolt train[/]: model={config.model} steps={grpo.steps} tasks/step={grpo.tasks_per_step} "
+        f"group={grpo.group_size} estimator={grpo.advantage_estimator} credit={grpo.credit_assignment} "
+        f"async_rollouts={grpo.async_rollouts} val={ {k: len(v) for k, v in val_sets.items()} }"
     )
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
@@ -152,12 +274,23 @@ async def run_demo(config: DemoConfig, console: Console | None = None) -> dict[s
 
         return update
 
+    def report(result: StepResult) -> None:
+        stale = ""
+        if result.staleness is not None:
+            stale = f"  staleness {result.staleness.mean_staleness:.2f} dropped {result.staleness.n_dropped}"
+        progress.console.print(
+            f"step {result.train_step}: reward {result.reward_mean:.3f}±{result.reward_std:.3f}  "
+            f"waited {result.wait_s:.0f}s  update {result.update_s:.0f}s  transitions {result.n_transitions}  "
+            f"failed {result.n_failed}  infra {result.n_infra_failed}{stale}"
+        )
+
     async with local_training(
         model=config.model,
         db_path=db_path,
         agent=config.agent,
-        grpo=config.grpo,
+        grpo=grpo,
         learning_rate=config.learning_rate,
+        trainer_config=trainer_config,
         runner_processes=config.runner_processes,
         runner_concurrency=config.runner_concurrency,
         max_batch_size=config.max_batch_size,
@@ -167,26 +300,25 @@ async def run_demo(config: DemoConfig, console: Console | None = None) -> dict[s
     ) as local:
         trainer, store, backend = local.trainer, local.store, local.backend
         n_val = sum(len(v) for v in val_sets.values())
+        val_before: dict[str, float] = {}
+        val_after: dict[str, float] = {}
+        eval_before_s = eval_after_s = 0.0
         with progress:
-            t0 = time.perf_counter()
-            val_before = await trainer.evaluate(val_sets, on_progress=tracker("eval before", n_val), label="before")
-            eval_before_s = time.perf_counter() - t0
-            steps = []
-            for step in range(1, config.grpo.steps + 1):
-                batch = trainer.sample_tasks(train_tasks)
-                total = len(batch) * config.grpo.group_size
-                result = await trainer.train_step(
-                    step, batch, on_rollout_progress=tracker(f"step {step}: rollouts", total)
-                )
-                steps.append(result)
-                progress.console.print(
-                    f"step {step}: reward {result.reward_mean:.3f}±{result.reward_std:.3f}  "
-                    f"rollouts {result.rollout_s:.0f}s  update {result.update_s:.0f}s  "
-                    f"transitions {result.n_transitions}  failed {result.n_failed}  infra {result.n_infra_failed}"
-                )
-            t1 = time.perf_counter()
-            val_after = await trainer.evaluate(val_sets, on_progress=tracker("eval after", n_val), label="after")
-            eval_after_s = time.perf_counter() - t1
+            if val_sets and config.eval_before:
+                t0 = time.perf_counter()
+                val_before = await trainer.evaluate(val_sets, on_progress=tracker("eval before", n_val), label="before")
+                eval_before_s = time.perf_counter() - t0
+            t_train = time.perf_counter()
+            steps = await trainer.train(
+                train_tasks,
+                on_step_start=lambda step, total: tracker(f"step {step}: rollouts", total),
+                on_step_end=report,
+            )
+            train_s = time.perf_counter() - t_train
+            if val_sets and config.eval_after:
+                t1 = time.perf_counter()
+                val_after = await trainer.evaluate(val_sets, on_progress=tracker("eval after", n_val), label="after")
+                eval_after_s = time.perf_counter() - t1
         n_rollouts = len(await store.query_rollouts())
         train_reward = [s.reward_mean for s in steps]
         gen = backend.stats
@@ -198,9 +330,14 @@ async def run_demo(config: DemoConfig, console: Console | None = None) -> dict[s
             "batches": gen.batches,
             "mean_batch_size": gen.mean_batch_size,
         }
+        gate = trainer.swap_gate
         summary: dict[str, Any] = {
-            "steps": config.grpo.steps,
+            "steps": grpo.steps,
+            "advantage_estimator": grpo.advantage_estimator,
+            "credit_assignment": grpo.credit_assignment,
+            "async_rollouts": grpo.async_rollouts,
             "train_reward": train_reward,
+            "train_reward_std": [s.reward_std for s in steps],
             "val_accuracy_before": val_before,
             "val_accuracy_after": val_after,
             "n_rollouts": n_rollouts,
@@ -210,10 +347,23 @@ async def run_demo(config: DemoConfig, console: Console | None = None) -> dict[s
             "timing_s": {
                 "model_setup": local.model_setup_s,
                 "eval_before": eval_before_s,
+                "train": train_s,
                 "eval_after": eval_after_s,
                 "per_step_rollouts": [s.rollout_s for s in steps],
+                "per_step_wait": [s.wait_s for s in steps],
                 "per_step_update": [s.update_s for s in steps],
             },
+            "staleness": [
+                None
+                if s.staleness is None
+                else {
+                    "by_staleness": s.staleness.by_staleness,
+                    "dropped": s.staleness.n_dropped,
+                    "reweighted": s.staleness.n_reweighted,
+                }
+                for s in steps
+            ],
+            "weight_swaps": None if gate is None else dataclasses.asdict(gate.stats),
             "update_stats": [s.update_stats for s in steps],
             "generation": counters,
             "peak_rss": _peak_rss_mb(),
@@ -226,14 +376,24 @@ async def run_demo(config: DemoConfig, console: Console | None = None) -> dict[s
     return summary
 
 
+run_demo = run_training
+"""``agentbolt demo`` runs the same job as ``agentbolt train``."""
+
+
 def _print_summary(console: Console, summary: dict[str, Any]) -> None:
     table = Table(title="validation accuracy")
     table.add_column("set")
     table.add_column("before", justify="right")
     table.add_column("after", justify="right")
-    for name, before in summary["val_accuracy_before"].items():
-        table.add_row(name, f"{before:.1%}", f"{summary['val_accuracy_after'].get(name, 0.0):.1%}")
-    console.print(table)
+    before, after = summary["val_accuracy_before"], summary["val_accuracy_after"]
+    for name in dict.fromkeys([*before, *after]):
+        table.add_row(
+            name,
+            f"{before[name]:.1%}" if name in before else "-",
+            f"{after[name]:.1%}" if name in after else "-",
+        )
+    if before or after:
+        console.print(table)
     console.print(
         f"train reward per step: {[round(r, 3) for r in summary['train_reward']]}  "
         f"rollouts: {summary['n_rollouts']}  transitions: {summary['n_transitions']}  "

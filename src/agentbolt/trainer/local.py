@@ -24,6 +24,7 @@ from agentbolt.config import GRPOConfig
 from agentbolt.errors import ConfigError
 
 if TYPE_CHECKING:
+    from agentbolt.algorithms.rl.torch_backend import TorchTrainerConfig
     from agentbolt.inference.embedded import EmbeddedBackend
     from agentbolt.store.sqlite import SqliteLightningStore
     from agentbolt.trainer.loop import RLTrainer
@@ -89,12 +90,14 @@ async def local_training(
     agent: str,
     grpo: GRPOConfig,
     learning_rate: float = 2e-4,
+    trainer_config: TorchTrainerConfig | None = None,
     runner_processes: int = 2,
     runner_concurrency: int = 8,
     max_batch_size: int = 16,
     batch_wait_s: float = 0.25,
     agent_match: str | None = None,
     console: Console | None = None,
+    device: str = "cpu",
 ) -> AsyncIterator[LocalTraining]:
     """Start the embedded model, store, server and runners; yield them with an :class:`RLTrainer`; stop them all.
 
@@ -105,11 +108,14 @@ async def local_training(
             ``sys.path`` is handed to them, so put the repository root on it first for ``examples.*``).
         grpo: the RL settings.
         learning_rate: AdamW learning rate of the LoRA update.
+        trainer_config: settings of the torch trainer backend; when given, its ``learning_rate`` wins.
         runner_processes / runner_concurrency: runner fan-out (processes x rollouts at once each).
         max_batch_size / batch_wait_s: batching of the embedded backend (requests, seconds).
         agent_match: regular expression over agent names; only the matching agents' LLM calls become training
             samples (``None``: all calls). See :class:`~agentbolt.trainer.loop.RLTrainer`.
         console: where the model-preparation status is shown.
+        device: where the model is served and trained: ``cpu``, ``cuda`` or ``cuda:N`` (bf16 weights on either; the
+            served copy and the LoRA policy both live there).
 
     Raises:
         ConfigError: an unknown model name, a bad ``agent`` reference or a bad ``agent_match`` pattern (before
@@ -121,6 +127,7 @@ async def local_training(
     from agentbolt.inference.embedded import EmbeddedBackend
     from agentbolt.runner.processes import load_agent, start_runner_processes
     from agentbolt.server.app import create_app
+    from agentbolt.server.gateway.swap import WeightSwapGate
     from agentbolt.server.serving import serve_in_background
     from agentbolt.store.sqlite import SqliteLightningStore
     from agentbolt.trainer.loop import RLTrainer
@@ -131,10 +138,13 @@ async def local_training(
     t_start = time.perf_counter()
     with console.status("preparing the embedded model (first run converts the GGUF once)"):
         model_dir = resolve_model(model)
-        backend = EmbeddedBackend.load(model_dir, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s)
+        backend = EmbeddedBackend.load(
+            model_dir, device=device, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s
+        )
         # The policy is a copy of the served model with LoRA adapters; after each update its merged weights are
         # written into the served model (serving through peft's LoRA layers is ~5x slower on CPU).
-        trainer_config = TorchTrainerConfig(learning_rate=learning_rate)
+        if trainer_config is None:
+            trainer_config = TorchTrainerConfig(learning_rate=learning_rate)
         policy = attach_lora(copy.deepcopy(backend.model), trainer_config)
         updater = TorchPolicyTrainer(policy, trainer_config, pad_token_id=backend.pad_token_id)
 
@@ -144,12 +154,20 @@ async def local_training(
     model_setup_s = time.perf_counter() - t_start
     store = SqliteLightningStore(db_path)
     try:
-        app = create_app(store, backend)
+        gate = WeightSwapGate()
+        app = create_app(store, backend, swap_gate=gate)
         async with serve_in_background(app) as url:
             pool = start_runner_processes(agent, url, n_processes=runner_processes, concurrency=runner_concurrency)
             try:
                 trainer = RLTrainer(
-                    store, backend, updater, grpo, gateway_url=url, sync_weights=sync_weights, agent_match=agent_match
+                    store,
+                    backend,
+                    updater,
+                    grpo,
+                    gateway_url=url,
+                    sync_weights=sync_weights,
+                    agent_match=agent_match,
+                    swap_gate=gate,
                 )
                 yield LocalTraining(trainer, store, backend, url, model_setup_s)
             finally:

@@ -1,8 +1,16 @@
-"""The RL loop: enqueue rollouts -> wait -> spans to trajectories -> credit and advantages -> update -> publish.
+"""The RL loop: enqueue rollouts -> wait -> spans to trajectories -> credit and advantages -> update -> swap weights.
 
 The trainer never calls the agent: it writes rollouts and resources into the store, runners execute them, and the
-trainer reads the spans back. The policy update runs in a thread while the inference backend is paused, so the server
-(and the runners' heartbeats) stay live during it.
+trainer reads the spans back. The policy update runs in a thread, so the server (and the runners' heartbeats) stay
+live during it. When the backend serves a copy of the policy (``sync_weights``), generation goes on during the
+update and only the weight swap pauses it, behind the gateway's swap gate (:mod:`agentbolt.server.gateway.swap`).
+
+**Asynchronous training** (``GRPOConfig.async_rollouts = k > 0``, :meth:`RLTrainer.train`): the rollouts of the next
+``k`` steps are enqueued before the current step's update, so the runners keep generating while the trainer
+updates. A step's batch then holds calls made by weights up to ``k`` versions old; the staleness bound
+(``max_staleness``, ``stale_policy``) drops or reweights older ones (:mod:`agentbolt.algorithms.rl.staleness`). This
+is one-step (``k = 1``) or k-step off-policy training, as in AReaL (arXiv:2505.24298) and verl's one-step-off-policy
+recipe; ``tis_cap`` of the torch backend corrects the remaining off-policyness by truncated importance sampling.
 
 Multi-agent systems: with ``agent_match`` (a regular expression over agent names, set with ``agentbolt.agent(name)``
 on the agent side) only the LLM calls of matching agents become transitions of the trajectories, hence training
@@ -14,11 +22,13 @@ counts kept and dropped transitions per agent name.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import random
 import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -28,9 +38,12 @@ from agentbolt.adapter.agents import compile_agent_match
 from agentbolt.algorithms.rl.advantages import compute_advantages
 from agentbolt.algorithms.rl.credit import build_credit_scheme
 from agentbolt.algorithms.rl.samples import TrainingSample
+from agentbolt.algorithms.rl.staleness import StalenessReport
 from agentbolt.config import GRPOConfig
+from agentbolt.errors import ConfigError
+from agentbolt.server.gateway.swap import WeightSwapGate
 from agentbolt.store.base import EnqueueRequest, LightningStore
-from agentbolt.trainer.batch import samples_for_step, select_trajectories
+from agentbolt.trainer.batch import StalenessSettings, samples_for_step, select_trajectories
 from agentbolt.types import (
     LLM,
     Attempt,
@@ -84,6 +97,23 @@ class ServingBackend(Protocol):
     def set_model_version(self, version: str) -> None: ...
 
 
+@dataclass(frozen=True)
+class PendingStep:
+    """A step whose rollouts are enqueued (:meth:`RLTrainer.start_step`).
+
+    Attributes:
+        train_step: the step number.
+        rollout_ids: its rollouts, ``group_size`` per task.
+        model_version: the weights version current when they were enqueued.
+        enqueued_at: ``time.perf_counter()`` when the step started.
+    """
+
+    train_step: int
+    rollout_ids: list[str]
+    model_version: str
+    enqueued_at: float
+
+
 @dataclass
 class StepResult:
     """Figures of one training step. Seconds are wall time.
@@ -108,6 +138,9 @@ class StepResult:
         n_samples: training samples in the batch (after merging).
         tokens_unmerged / tokens_merged: the batch's tokens with one sample per transition, and as trained after
             merging (:class:`~agentbolt.algorithms.rl.samples.SampleBatch`); the difference is what merging saved.
+        wait_s: wall seconds the trainer waited for the step's rollouts (``rollout_s`` counts from their enqueue,
+            which under asynchronous training is during an earlier step).
+        staleness: what the staleness bound did (asynchronous training only; ``None`` otherwise).
     """
 
     train_step: int
@@ -126,6 +159,8 @@ class StepResult:
     n_samples: int = 0
     tokens_unmerged: int = 0
     tokens_merged: int = 0
+    wait_s: float = 0.0
+    staleness: StalenessReport | None = None
 
     @property
     def n_infra_failed(self) -> int:
@@ -162,6 +197,11 @@ class RLTrainer:
             calls of matching agents become training samples; ``None`` trains every call. A call without an agent
             name never matches a pattern. ``"writer"`` also selects ``"sql_writer"``; anchor it (``"^writer$"``) to
             select one name exactly.
+        swap_gate: the server's gate that holds gateway calls during a weight swap (``None``: the backend's
+            ``paused()`` alone; calls queue in the backend).
+
+    Attributes:
+        versions: the weights versions the trainer has served, oldest first (the last is the current one).
 
     Raises:
         ConfigError: ``agent_match`` is not a valid regular expression.
@@ -177,8 +217,11 @@ class RLTrainer:
         gateway_url: str,
         sync_weights: Callable[[], object] | None = None,
         agent_match: str | None = None,
+        swap_gate: WeightSwapGate | None = None,
     ) -> None:
         compile_agent_match(agent_match)
+        self.swap_gate = swap_gate
+        self.versions: list[str] = [backend.model_version]
         self.agent_match = agent_match
         self.store = store
         self.sync_weights = sync_weights
@@ -292,25 +335,45 @@ class RLTrainer:
         k = min(self.config.tasks_per_step, len(tasks))
         return self.rng.sample(list(tasks), k)
 
-    async def train_step(
-        self,
-        train_step: int,
-        tasks: Sequence[dict[str, Any]],
-        *,
-        on_rollout_progress: ProgressCallback | None = None,
-    ) -> StepResult:
-        """One step: ``group_size`` rollouts per task, credit and advantages (:func:`samples_for_step`), one update."""
+    async def start_step(self, train_step: int, tasks: Sequence[dict[str, Any]]) -> PendingStep:
+        """Publish resources with the current weights and enqueue ``group_size`` rollouts per task; return at once."""
         t0 = time.perf_counter()
         resources_id = await self.publish_resources(temperature=self.config.temperature, purpose="train")
-        rollouts = await self.run_rollouts(
-            tasks,
-            mode=RolloutMode.TRAIN,
-            resources_id=resources_id,
-            repeats=self.config.group_size,
-            on_progress=on_rollout_progress,
-            metadata={"train_step": train_step},
-        )
-        rollout_s = time.perf_counter() - t0
+        cfg = RolloutConfig(max_attempts=self.config.max_attempts, timeout_seconds=self.config.rollout_timeout_s)
+        requests = [
+            EnqueueRequest(
+                input=task,
+                mode=RolloutMode.TRAIN,
+                resources_id=resources_id,
+                config=cfg,
+                metadata={"task_id": str(task.get("task_id", i)), "train_step": train_step},
+            )
+            for i, task in enumerate(tasks)
+            for _ in range(self.config.group_size)
+        ]
+        rollouts = await self.store.enqueue_many(requests)
+        return PendingStep(train_step, [r.rollout_id for r in rollouts], self.versions[-1], t0)
+
+    async def finish_step(
+        self, pending: PendingStep, *, on_rollout_progress: ProgressCallback | None = None
+    ) -> StepResult:
+        """Wait for a step's rollouts, build its batch, update the policy and swap the serving weights.
+
+        Under asynchronous training (``async_rollouts > 0``) the staleness bound applies to the batch
+        (:mod:`agentbolt.algorithms.rl.staleness`), and the update runs while other steps' rollouts go on: only the
+        weight swap holds the gateway's calls (:meth:`swap_weights`).
+        """
+        t_wait = time.perf_counter()
+        total = len(pending.rollout_ids)
+        while True:
+            rollouts = await self.store.wait_for_rollouts(pending.rollout_ids, timeout_s=1.0)
+            if on_rollout_progress is not None:
+                on_rollout_progress(len(rollouts), total)
+            if len(rollouts) == total:
+                break
+        wait_s = time.perf_counter() - t_wait
+        rollout_s = time.perf_counter() - pending.enqueued_at
+        train_step = pending.train_step
 
         finished: list[tuple[Rollout, Attempt | None, list[Span]]] = []
         for rollout in rollouts:
@@ -332,20 +395,35 @@ class RLTrainer:
             )
 
         rewards = [t.final_reward for t in trajectories if t.final_reward is not None]
-        batch = samples_for_step(
+        staleness = None
+        if self.config.async_rollouts > 0:
+            staleness = StalenessSettings(
+                versions=tuple(self.versions),
+                max_staleness=self.config.effective_max_staleness,
+                policy=self.config.stale_policy,
+                decay=self.config.stale_decay,
+            )
+        step_batch = samples_for_step(
             trajectories,
             credit=self.credit,
             estimator=self.config.advantage_estimator,
             truncated=self.config.truncated,
             truncated_reward=self.config.truncated_reward,
             merge=self.config.merge_samples,
+            staleness=staleness,
         )
+        batch, report = step_batch.batch, step_batch.staleness
         samples = batch.samples
 
         t1 = time.perf_counter()
-        stats = await asyncio.to_thread(self._update, samples)
+        if self.sync_weights is None:  # the backend serves the trained module itself: no generation during the update
+            stats = await asyncio.to_thread(self._update_paused, samples)
+        else:
+            stats = dict(await asyncio.to_thread(self.updater.train_step, samples))
+        swap_s = await self.swap_weights(f"step-{train_step}")
+        if self.sync_weights is not None:
+            stats["weight_sync_s"] = swap_s
         update_s = time.perf_counter() - t1
-        self.backend.set_model_version(f"step-{train_step}")
 
         result = StepResult(
             train_step=train_step,
@@ -364,6 +442,8 @@ class RLTrainer:
             n_samples=len(samples),
             tokens_unmerged=batch.tokens_unmerged,
             tokens_merged=batch.tokens_merged,
+            wait_s=wait_s,
+            staleness=report,
         )
         if self.agent_match is not None:
             logger.info(
@@ -377,14 +457,89 @@ class RLTrainer:
         await self.store.add_metrics(self._metrics(result))
         return result
 
-    def _update(self, samples: list[TrainingSample]) -> dict[str, float]:
-        with self.backend.paused():
-            stats = dict(self.updater.train_step(samples))
+    async def train_step(
+        self,
+        train_step: int,
+        tasks: Sequence[dict[str, Any]],
+        *,
+        on_rollout_progress: ProgressCallback | None = None,
+    ) -> StepResult:
+        """One synchronous step: ``group_size`` rollouts per task, credit and advantages (:func:`samples_for_step`),
+        one update, the weight swap."""
+        pending = await self.start_step(train_step, tasks)
+        return await self.finish_step(pending, on_rollout_progress=on_rollout_progress)
+
+    async def train(
+        self,
+        tasks: Sequence[dict[str, Any]],
+        *,
+        steps: int | None = None,
+        on_step_start: Callable[[int, int], ProgressCallback | None] | None = None,
+        on_step_end: Callable[[StepResult], None] | None = None,
+    ) -> list[StepResult]:
+        """Run ``steps`` training steps (default ``config.steps``) on tasks drawn from ``tasks``.
+
+        With ``config.async_rollouts = k > 0`` the rollouts of the next ``k`` steps are enqueued ahead, so runners
+        keep generating while the trainer updates: step ``s`` trains on rollouts that were enqueued when the
+        weights were ``k`` versions older (the staleness bound then drops or reweights calls made by weights older
+        than ``max_staleness``). With ``k = 0`` each step waits for its own rollouts and they wait for the update
+        (synchronous, on-policy).
+
+        Args:
+            tasks: the training tasks; each step draws ``tasks_per_step`` of them (:meth:`sample_tasks`).
+            steps: how many steps; ``None``: ``config.steps``.
+            on_step_start: called with ``(step, number of rollouts)`` when the trainer starts waiting for a step's
+                rollouts; may return a progress callback for them.
+            on_step_end: called with each step's result.
+
+        Returns:
+            The steps' results, in order.
+        """
+        n_steps = self.config.steps if steps is None else steps
+        ahead = self.config.async_rollouts
+        if ahead > 0 and self.sync_weights is None:
+            raise ConfigError(
+                "async_rollouts > 0 needs a serving copy of the model (sync_weights): the backend serves the trained "
+                "module itself, so it cannot generate while the update runs; set async_rollouts: 0"
+            )
+        queued: deque[PendingStep] = deque()
+        next_step = 1
+        results: list[StepResult] = []
+        while True:
+            while next_step <= n_steps and len(queued) <= ahead:
+                queued.append(await self.start_step(next_step, self.sample_tasks(tasks)))
+                next_step += 1
+            if not queued:
+                return results
+            pending = queued.popleft()
+            progress = None
+            if on_step_start is not None:
+                progress = on_step_start(pending.train_step, len(pending.rollout_ids))
+            result = await self.finish_step(pending, on_rollout_progress=progress)
+            results.append(result)
+            if on_step_end is not None:
+                on_step_end(result)
+
+    async def swap_weights(self, version: str) -> float:
+        """Publish the policy's weights to the serving model as ``version``; return the seconds it took.
+
+        New gateway calls wait at the swap gate meanwhile (when the trainer has one); calls inside the backend
+        finish first (``backend.paused()``). Without ``sync_weights`` only the version changes.
+        """
+        t0 = time.perf_counter()
+        async with contextlib.AsyncExitStack() as stack:
+            if self.swap_gate is not None:
+                await stack.enter_async_context(self.swap_gate.swapping())
             if self.sync_weights is not None:
-                t0 = time.perf_counter()
-                self.sync_weights()
-                stats["weight_sync_s"] = time.perf_counter() - t0
-        return stats
+                await stack.enter_async_context(self.backend.paused())
+                await asyncio.to_thread(self.sync_weights)
+            self.backend.set_model_version(version)
+            self.versions.append(version)
+        return time.perf_counter() - t0
+
+    def _update_paused(self, samples: list[TrainingSample]) -> dict[str, float]:
+        with self.backend.paused():
+            return dict(self.updater.train_step(samples))
 
     @staticmethod
     def _metrics(result: StepResult) -> list[Metric]:
@@ -402,7 +557,12 @@ class RLTrainer:
             "n_transitions": float(result.n_transitions),
             "n_transitions_dropped": float(result.n_dropped),
             "n_unmatched_rollouts": float(result.n_unmatched),
+            "wait_s": result.wait_s,
         }
+        if result.staleness is not None:
+            values["staleness_mean"] = result.staleness.mean_staleness
+            values["n_stale_dropped"] = float(result.staleness.n_dropped)
+            values["n_stale_reweighted"] = float(result.staleness.n_reweighted)
         values.update({f"update_{k}": float(v) for k, v in result.update_stats.items()})
         # Non-finite values (e.g. a KL estimate of a step that trained nothing) are not curve points.
         return [

@@ -17,6 +17,8 @@ the gateway stores what it got.
 - Agent names: a ``x-agentbolt-agent`` request header is recorded as ``agentbolt.agent.name`` on the call's spans,
   and a W3C ``traceparent`` header makes them children of the caller's span (its trace id and parent span id), so
   the adapter can name the agent of a call no instrumented client recorded (:mod:`agentbolt.adapter.join`).
+- Weight swaps: while a trainer swaps the serving weights, new calls wait instead of being rejected, up to the
+  gate's hold limit (:mod:`agentbolt.server.gateway.swap`); the wait is recorded as ``agentbolt.llm.swap_wait_s``.
 - Errors answer in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``: no backend 503 (the message
   says how to start one), unknown rollout or attempt 404, attempt or rollout already finished 409, context length
   exceeded 400 ``context_length_exceeded``, other bad values 400, remote server failed 502, backend unavailable 503.
@@ -57,6 +59,7 @@ from agentbolt.server.gateway.openai_format import (
 )
 from agentbolt.server.gateway.recording import REASON_NOT_DELIVERED, CallRecorder
 from agentbolt.server.gateway.streaming import SessionResponse, StreamSession
+from agentbolt.server.gateway.swap import WeightSwapGate
 from agentbolt.store.base import LightningStore
 from agentbolt.types import TERMINAL_ATTEMPT_STATUSES, TERMINAL_ROLLOUT_STATUSES, Span
 
@@ -175,6 +178,15 @@ async def chat_completions(rollout_id: str, attempt_id: str, body: ChatCompletio
     agent_name = (request.headers.get(semconv.AGENT_NAME_HEADER) or "").strip()
     if agent_name:
         attributes[semconv.AGENT_NAME] = agent_name
+    held: AgentboltError | None = None
+    gate: WeightSwapGate | None = getattr(request.app.state, "swap_gate", None)
+    if gate is not None:
+        try:
+            waited_s = await gate.admit()
+        except AgentboltError as exc:
+            held, waited_s = exc, gate.hold_limit_s
+        if waited_s > 0:
+            attributes[semconv.LLM_SWAP_WAIT_S] = waited_s
     recorder = CallRecorder(
         store,
         rollout_id,
@@ -183,6 +195,10 @@ async def chat_completions(rollout_id: str, attempt_id: str, body: ChatCompletio
         f"chatcmpl-{uuid.uuid4().hex[:24]}",
         parent=_traceparent(request.headers.get("traceparent")),
     )
+    if held is not None:  # the weight swap outlasted the gate's hold limit
+        answer, spans = _failed_call_spans(recorder, [held] * len(requests))
+        await recorder.record(spans)
+        return error_response(answer)
 
     if body.stream:
         return await _serve_stream(recorder, backend, requests, body)

@@ -1,0 +1,97 @@
+"""``agentbolt train CONFIG.yaml``: the shipped calc config loads, overrides apply, bad input fails with one clear line
+before anything is written; ``agentbolt plot`` draws several runs' curves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from agentbolt.cli.main import app
+from agentbolt.errors import ConfigError
+from agentbolt.trainer.demo import TrainConfig, load_train_config
+
+REPO = Path(__file__).resolve().parents[2]
+CALC_CONFIG = REPO / "examples" / "calc_agent" / "config.yaml"
+
+
+def test_the_calc_config_loads_and_overrides_apply() -> None:
+    config = load_train_config(CALC_CONFIG)
+    assert config.model == "qwen2.5-0.5b" and config.agent == "examples.calc_agent.agent:calc_agent"
+    assert config.grpo.advantage_estimator == "grpo" and config.grpo.async_rollouts == 0
+    assert config.torch_trainer == {"loss_aggregation": "token_mean", "kl_coef": 0.0}
+
+    changed = load_train_config(
+        CALC_CONFIG,
+        [
+            "grpo.advantage_estimator=rloo",
+            "grpo.async_rollouts=1",
+            "grpo.stale_decay=0.25",
+            "val_size=0",
+            "torch_trainer.tis_cap=2",
+            "out_dir=runs/x",
+        ],
+    )
+    assert changed.grpo.advantage_estimator == "rloo" and changed.grpo.async_rollouts == 1
+    assert changed.grpo.stale_decay == 0.25 and changed.grpo.effective_max_staleness == 1
+    assert changed.val_size == 0 and changed.torch_trainer["tis_cap"] == 2 and changed.out_dir == Path("runs/x")
+    assert changed.grpo.steps == config.grpo.steps  # the rest of the section is kept
+    assert TrainConfig().grpo.effective_max_staleness == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "overrides", "message"),
+    [
+        ("grpo: [1, 2]", [], "grpo"),
+        ("- a\n- b\n", [], "must hold a mapping"),
+        ("grpo: {steps: -1}", [], "grpo.steps"),
+        ("grpo: {stale_policy: keep}", [], "grpo.stale_policy"),
+        ("nope: 1", [], "nope"),
+        ("model: x\n  bad: [", [], "not valid YAML"),
+        ("", ["grpo.steps"], "key=value"),
+        ("model: x", ["model.sub=1"], "model is not a section"),
+    ],
+)
+def test_bad_configs_are_refused_with_the_field_named(
+    tmp_path: Path, text: str, overrides: list[str], message: str
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_train_config(path, overrides)
+
+
+def test_train_cli_refuses_bad_settings_before_writing(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    cases = [
+        (["--set", "grpo.advantage_estimator=nope"], "unknown advantage estimator"),
+        (["--set", "grpo.credit_assignment=nope"], "nope"),
+        (["--set", "torch_trainer.lora_dropout=0.1"], "lora_dropout must be 0"),
+        (["--set", "model=nope"], "unknown embedded model 'nope'"),
+        (["--set", "tasks=no_such_module"], "cannot import the tasks module"),
+    ]
+    for args, message in cases:
+        result = CliRunner().invoke(app, ["train", str(CALC_CONFIG), "--out", str(out), *args])
+        assert result.exit_code == 2, result.output
+        assert message in result.output and "Traceback" not in result.output
+        assert not out.exists()
+    result = CliRunner().invoke(app, ["train", str(tmp_path / "missing.yaml")])
+    assert result.exit_code == 2 and "does not exist" in result.output
+
+
+def test_plot_draws_one_curve_per_run(tmp_path: Path) -> None:
+    paths = []
+    for name, rewards in (("grpo", [0.1, 0.5, 0.9]), ("rloo", [0.2, 0.4])):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "summary.json").write_text(json.dumps({"advantage_estimator": name, "train_reward": rewards}))
+        paths.append(str(run / "summary.json"))
+    out = tmp_path / "curves.png"
+    result = CliRunner().invoke(app, ["plot", *paths, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "grpo: [0.1, 0.5, 0.9]" in result.output and out.stat().st_size > 10_000
+    (tmp_path / "bad.json").write_text("{}")
+    result = CliRunner().invoke(app, ["plot", str(tmp_path / "bad.json"), "--out", str(out)])
+    assert result.exit_code == 2 and "no train_reward" in result.output
