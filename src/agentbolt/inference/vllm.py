@@ -16,17 +16,20 @@ Tool calls: with vLLM's tool parser on (``--enable-auto-tool-choice --tool-call-
 ``tool_calls`` itself and they are passed through; without it the text holds the ``<tool_call>`` tags and the
 gateway parses them. Either way the recorded ids are the engine's.
 
-Weight updates are vLLM's business (the trainer pushes them to the server); call :meth:`VLLMBackend.set_model_version`
+Weight updates: :class:`VLLMWeightPushClient` drives vLLM's weight-transfer HTTP routes and :func:`nccl_bucket_sender`
+broadcasts the tensors (GPU only, never run in this repository); call :meth:`VLLMBackend.set_model_version`
 afterwards so that spans carry the new version.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
 
 import httpx
 
-from agentbolt.errors import ConfigError
+from agentbolt.errors import BackendError, ConfigError
 from agentbolt.inference.base import FinishReason, GenerationRequest, GenerationResult, UpstreamError
 from agentbolt.inference.remote import ChatEndpoint, ChunkAccumulator, RemoteStream
 
@@ -217,3 +220,150 @@ class VLLMBackend:
             "with return_token_ids: it must be vLLM >= 0.10.2; upgrade it, or serve it with '--backend openai' to "
             "record calls without token ids (usable for prompt optimization and evaluation, not for RL)"
         )
+
+
+class AnnouncedBucket(Protocol):
+    """What vLLM is told about a group of tensors before their bytes arrive (satisfied by
+    :class:`agentbolt.algorithms.rl.weight_sync_plan.WeightBucket`)."""
+
+    @property
+    def names(self) -> list[str]: ...
+
+    @property
+    def dtype_names(self) -> list[str]: ...
+
+    @property
+    def shapes(self) -> list[list[int]]: ...
+
+
+class VLLMWeightPushClient:
+    """The HTTP control plane of vLLM's weight transfer, for pushing trainer weights into a running ``vllm serve``.
+
+    Written against vLLM's documented RLHF routes (vLLM docs "Weight Transfer"; example
+    ``examples/online_serving/new_weight_syncing/rlhf_http_nccl.py``, vLLM 0.18): the server must be started with
+    ``VLLM_SERVER_DEV_MODE=1 vllm serve MODEL --weight-transfer-config '{"backend": "nccl"}'``. The bytes travel
+    over NCCL from the trainer (rank 0) to every vLLM worker (ranks 1..world_size); this class only sends the
+    control requests. **Never run against a real vLLM server in this repository** (no GPU here); its requests are
+    tested against a fake transport only. The routes are young and have changed between vLLM releases (later
+    releases add ``/start_weight_update`` and ``/finish_weight_update``): check them against the installed vLLM.
+
+    One sync: :meth:`pause`, then per bucket :meth:`push_bucket` (the ``update_weights`` request runs while the
+    trainer broadcasts that bucket's tensors), then :meth:`resume`, and
+    :meth:`VLLMBackend.set_model_version`. Record it in a
+    :class:`~agentbolt.algorithms.rl.weight_sync_plan.WeightVersionLedger` (``run_push``).
+
+    Args:
+        server_url: the server root, e.g. ``http://127.0.0.1:8000`` (not the ``/v1`` API root).
+        timeout_s: longest wait for one request (an ``update_weights`` request lasts as long as its broadcast).
+        transport: an httpx transport instead of the network (tests).
+    """
+
+    def __init__(
+        self, server_url: str, *, timeout_s: float = 600.0, transport: httpx.BaseTransport | None = None
+    ) -> None:
+        self.server_url = server_url.rstrip("/")
+        self._client = httpx.Client(base_url=self.server_url, timeout=timeout_s, transport=transport)
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
+        try:
+            response = self._client.request(method, path, json=body)
+        except httpx.HTTPError as error:
+            raise BackendError(f"vLLM server {self.server_url}: {method} {path} failed: {error}") from error
+        if response.status_code == 404:
+            raise BackendError(
+                f"vLLM server {self.server_url} has no {path} route; start it with VLLM_SERVER_DEV_MODE=1 and "
+                '--weight-transfer-config \'{"backend": "nccl"}\''
+            )
+        if response.status_code >= 400:
+            raise BackendError(
+                f"vLLM server {self.server_url}: {method} {path} answered {response.status_code}: {response.text}"
+            )
+        return response
+
+    def world_size(self) -> int:
+        """The number of vLLM workers (TP * PP * DP) that receive the weights."""
+        return int(self._call("GET", "/get_world_size").json()["world_size"])
+
+    def init_transfer(self, master_address: str, master_port: int, world_size: int, *, rank_offset: int = 1) -> None:
+        """Ask the workers to join the NCCL group (blocks until the trainer joins too: run it in a thread)."""
+        init_info = {
+            "master_address": master_address,
+            "master_port": master_port,
+            "rank_offset": rank_offset,
+            "world_size": world_size,
+        }
+        self._call("POST", "/init_weight_transfer_engine", {"init_info": init_info})
+
+    def pause(self) -> None:
+        """Stop generation (requests in flight wait) before weights change."""
+        self._call("POST", "/pause")
+
+    def resume(self) -> None:
+        """Resume generation after a complete update."""
+        self._call("POST", "/resume")
+
+    def update_weights(self, bucket: AnnouncedBucket, *, packed: bool = True) -> None:
+        """Announce one bucket; returns once the workers received and loaded its tensors."""
+        update_info = {
+            "names": bucket.names,
+            "dtype_names": bucket.dtype_names,
+            "shapes": bucket.shapes,
+            "packed": packed,
+        }
+        self._call("POST", "/update_weights", {"update_info": update_info})
+
+    def push_bucket(
+        self, bucket: AnnouncedBucket, send: Callable[[AnnouncedBucket], None], *, packed: bool = True
+    ) -> None:
+        """Announce ``bucket`` and, at the same time, ``send`` its tensors (both sides meet in the same NCCL calls).
+
+        Raises:
+            BackendError: the server refused or failed the update.
+            Exception: whatever ``send`` raised.
+        """
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            announced = pool.submit(self.update_weights, bucket, packed=packed)
+            send(bucket)
+            announced.result()
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._client.close()
+
+
+def nccl_weight_group(client: VLLMWeightPushClient, master_address: str, master_port: int) -> Any:
+    """Join the trainer (rank 0) and the vLLM workers in one NCCL group; returns the trainer's group handle.
+
+    GPU only, **never run here**: imports vLLM lazily and follows its documented handshake
+    (``NCCLWeightTransferEngine.trainer_init`` while the server's ``/init_weight_transfer_engine`` waits).
+    """
+    from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine  # pyright: ignore
+
+    world_size = client.world_size() + 1
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        joined = pool.submit(client.init_transfer, master_address, master_port, world_size)
+        group = NCCLWeightTransferEngine.trainer_init(
+            {"master_address": master_address, "master_port": master_port, "world_size": world_size}
+        )
+        joined.result()
+    return group
+
+
+def nccl_bucket_sender(
+    group: Any, weights: Mapping[str, Any], *, packed: bool = True
+) -> Callable[[AnnouncedBucket], None]:
+    """A ``send`` for :meth:`VLLMWeightPushClient.push_bucket` that broadcasts a bucket's tensors from ``weights``
+    (``name -> CUDA tensor``) in the bucket's order. GPU only, **never run here**; imports vLLM lazily."""
+
+    def send(bucket: AnnouncedBucket) -> None:
+        from vllm.distributed.weight_transfer.nccl_engine import (  # pyright: ignore
+            NCCLTrainerSendWeightsArgs,
+            NCCLWeightTransferEngine,
+        )
+
+        NCCLWeightTransferEngine.trainer_send_weights(
+            iterator=iter([(name, weights[name]) for name in bucket.names]),
+            trainer_args=NCCLTrainerSendWeightsArgs(group=group, packed=packed),
+        )
+
+    return send
