@@ -47,3 +47,12 @@ def test_a_runner_needs_the_address_of_a_server() -> None:
     result = CliRunner().invoke(app, ["run", "--agent", "examples.calc_agent.agent:calc_agent", "--store", "x.db"])
     assert result.exit_code == 2
     assert "must be the http(s):// address of an agentbolt server" in result.output
+
+
+def test_an_output_path_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    taken = tmp_path / "taken"
+    taken.write_text("x")
+    result = CliRunner().invoke(app, ["demo", "--steps", "1", "--out", str(taken)])
+    assert result.exit_code == 2
+    assert "is a file" in result.output and "Traceback" not in result.output
+    assert taken.read_text() == "x"

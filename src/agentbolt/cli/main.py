@@ -68,10 +68,23 @@ def serve(
     max_body_bytes = int(max_body_mb * MIB)
     if max_body_bytes < 1:
         _fail(ValueError(f"--max-body-mb must be positive, got {max_body_mb}"))
+    kind = backend_kind or ("embedded" if model is not None else None)
+    if backend_url and kind in (None, "embedded"):
+        _fail(
+            ValueError(
+                "--backend-url is for a remote backend; add --backend vllm or --backend openai "
+                "(the embedded backend runs in this process and has no URL)"
+            )
+        )
 
     async def main() -> None:
+        import signal
+
         backend = None
-        kind = backend_kind or ("embedded" if model is not None else None)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):  # both stop the server and close the store cleanly
+            loop.add_signal_handler(sig, stop.set)
         if kind is not None:
             from agentbolt.inference.backends import open_backend
 
@@ -82,7 +95,8 @@ def serve(
             server_app = create_app(st, backend, token=token, max_body_bytes=max_body_bytes)
             async with serve_in_background(server_app, host, port) as url:
                 console.print(f"agentbolt serving on {url} (store {redact_url(store)}); Ctrl-C to stop")
-                await asyncio.Event().wait()
+                await stop.wait()
+                console.print("agentbolt server stopping")
         finally:
             await st.close()
             if backend is not None:

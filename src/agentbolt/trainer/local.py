@@ -70,9 +70,14 @@ def fresh_db_path(out_dir: Path, *, overwrite: bool) -> Path:
     ``overwrite``.
 
     Raises:
-        ConfigError: the store exists and ``overwrite`` is false.
+        ConfigError: the store exists and ``overwrite`` is false, or ``out_dir`` is a file or cannot be created.
     """
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"{out_dir} is a file; the output must be a directory (choose another --out)")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create the output directory {out_dir}: {exc}") from exc
     db = out_dir / "store.db"
     if db.exists():
         if not overwrite:
