@@ -32,7 +32,8 @@ class GRPOConfig(_Config):
             ``exception``, ``format_valid``, ``format_invalid``); missing ones keep their defaults.
         advantage_estimator: name in :data:`agentbolt.algorithms.rl.advantages.ADVANTAGE_ESTIMATORS` or
             ``BATCH_ADVANTAGE_ESTIMATORS`` (``grpo``, ``grpo_no_std``, ``rloo``, ``reinforce_pp``,
-            ``reinforce_pp_baseline``).
+            ``reinforce_pp_baseline``), or ``gae`` (PPO with a value head on the policy: token-level GAE, needs a
+            trainer backend with a value head).
         truncated: what to do with a response cut at ``max_tokens`` (``finish_reason == "length"``): ``keep`` (train
             it like any other), ``mask`` (context only, loss mask 0) or ``penalize`` (its reward becomes
             ``truncated_reward``); see :mod:`agentbolt.algorithms.rl.per_transition`.
@@ -51,6 +52,8 @@ class GRPOConfig(_Config):
         stale_policy: ``drop`` stale calls (loss mask 0) or ``reweight`` them (advantage times
             ``stale_decay ** (staleness - max_staleness)``).
         stale_decay: the per-version weight of ``reweight``, in ``(0, 1]``.
+        gae_gamma / gae_lambda: discount per token and GAE's lambda of the ``gae`` estimator (PPO with a value head,
+            :mod:`agentbolt.algorithms.rl.ppo_gae`), in ``[0, 1]``.
     """
 
     steps: int = Field(default=4, ge=0)
@@ -74,6 +77,8 @@ class GRPOConfig(_Config):
     max_staleness: int | None = Field(default=None, ge=0)
     stale_policy: Literal["drop", "reweight"] = "drop"
     stale_decay: float = Field(default=0.5, gt=0, le=1)
+    gae_gamma: float = Field(default=1.0, ge=0, le=1)
+    gae_lambda: float = Field(default=0.95, ge=0, le=1)
 
     @property
     def effective_max_staleness(self) -> int:
@@ -82,6 +87,13 @@ class GRPOConfig(_Config):
 
     @model_validator(mode="after")
     def _check(self) -> GRPOConfig:
+        if self.advantage_estimator == "gae" and self.credit_assignment == "discounted":
+            raise ConfigError(
+                "advantage_estimator gae discounts per token itself (gae_gamma); use credit_assignment broadcast "
+                "or intermediate with it"
+            )
+        if self.advantage_estimator == "gae" and self.stale_policy == "reweight":
+            raise ConfigError("stale_policy reweight scales per-rollout advantages; with gae use stale_policy drop")
         if self.steps > 0 and self.group_size < 2:
             raise ConfigError(
                 f"group_size={self.group_size}: GRPO normalizes rewards within a group, so a group of 1 always gets "

@@ -105,9 +105,9 @@ def test_advantages_by_group_normalizes_within_each_task() -> None:
 
 
 def test_registry_errors_name_known_estimators() -> None:
-    with pytest.raises(ConfigError, match="known: grpo, grpo_no_std, reinforce_pp, reinforce_pp_baseline, rloo"):
+    with pytest.raises(ConfigError, match="known: gae, grpo, grpo_no_std, reinforce_pp, reinforce_pp_baseline, rloo"):
         get_advantage_estimator("ppo")
-    with pytest.raises(ConfigError, match="known: grpo, grpo_no_std, reinforce_pp, reinforce_pp_baseline, rloo"):
+    with pytest.raises(ConfigError, match="known: gae, grpo, grpo_no_std, reinforce_pp, reinforce_pp_baseline, rloo"):
         compute_advantages([1.0], ["a"], "ppo")
     with pytest.raises(ConfigError, match="already registered"):
         register_advantage_estimator("grpo", grpo_advantages)

@@ -403,3 +403,20 @@ def test_option_errors() -> None:
         ppo_clip_loss(z, z, torch.zeros(1), z, ref_logprobs_BT=z, kl_coef=0.1, kl_estimator="k2")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="old_logprobs"):
         ppo_clip_loss(z, z, torch.zeros(1), z, old_logprobs_BT=torch.zeros(1, 3))
+
+
+def test_per_token_advantages_by_hand_and_equal_to_broadcast_when_constant() -> None:
+    logprobs = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    sampling = torch.tensor([[-1.0, -2.0, -0.5]])
+    mask = torch.tensor([[1, 1, 0]])
+    # ratio 1 everywhere; token mean over the 2 trained tokens: -(2 * 1 + (-1) * 1) / 2 = -0.5 (the untrained
+    # token's advantage, even a non-finite one, is ignored).
+    loss, _ = ppo_clip_loss(logprobs, sampling, torch.tensor([[2.0, -1.0, float("nan")]]), mask)
+    assert loss.item() == pytest.approx(-0.5)
+    loss.backward()
+    assert logprobs.grad is not None and logprobs.grad[0].tolist() == pytest.approx([-1.0, 0.5, 0.0])
+    broadcast, _ = ppo_clip_loss(logprobs, sampling, torch.tensor([0.7]), mask)
+    per_token, _ = ppo_clip_loss(logprobs, sampling, torch.tensor([[0.7, 0.7, 0.7]]), mask)
+    assert per_token.item() == broadcast.item()
+    with pytest.raises(ConfigError, match=r"\(B, T\)"):
+        ppo_clip_loss(logprobs, sampling, torch.tensor([[1.0, 2.0]]), mask)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from agentbolt.adapter import build_trajectory
 from agentbolt.adapter.signals import infrastructure_failure
-from agentbolt.algorithms.rl.advantages import compute_advantages
+from agentbolt.algorithms.rl.advantages import VALUE_HEAD_ESTIMATOR, compute_advantages
 from agentbolt.algorithms.rl.credit import CreditScheme
 from agentbolt.algorithms.rl.per_transition import (
     TruncationPolicy,
@@ -37,6 +37,7 @@ from agentbolt.algorithms.rl.per_transition import (
     outcome_scales,
     transition_advantages,
 )
+from agentbolt.algorithms.rl.ppo_gae import step_rewards
 from agentbolt.algorithms.rl.samples import SampleBatch, build_samples
 from agentbolt.algorithms.rl.staleness import StalenessReport, StalePolicy, apply_staleness
 from agentbolt.errors import ConfigError
@@ -151,7 +152,10 @@ def samples_for_step(
     max_tokens policy (:func:`~agentbolt.algorithms.rl.per_transition.apply_truncation_policy`), written onto
     ``transition.reward`` (the one side effect); ``A_i = compute_advantages(R, groups, estimator)[i]`` with groups
     ``(task_id, resources_id)``; ``A_t = A_i + (r_t - R_i) / s_i``
-    (:func:`~agentbolt.algorithms.rl.per_transition.transition_advantages`).
+    (:func:`~agentbolt.algorithms.rl.per_transition.transition_advantages`). Under ``gae`` (PPO with a value head)
+    every advantage is left at 0 and the samples carry step rewards instead
+    (:func:`~agentbolt.algorithms.rl.ppo_gae.step_rewards`); the trainer computes token advantages from its value
+    head (:func:`~agentbolt.algorithms.rl.ppo_gae.rollout_gae`).
 
     Args:
         trajectories: trainable trajectories (each has a final reward).
@@ -174,17 +178,28 @@ def samples_for_step(
             )
         outcomes.append(float(trajectory.final_reward))
     keys = [(t.task_id, t.resources_id) for t in trajectories]
-    advantages_N = compute_advantages(outcomes, keys, estimator)
-    scales_N = outcome_scales(outcomes, keys, estimator)
+    value_head = estimator == VALUE_HEAD_ESTIMATOR
+    if value_head:  # advantages come later, per token, from the value head (rollout_gae)
+        if staleness is not None and staleness.policy == "reweight":
+            raise ConfigError("stale_policy reweight scales per-rollout advantages; with gae use stale_policy drop")
+        advantages_N, scales_N = [0.0] * len(outcomes), [1.0] * len(outcomes)
+    else:
+        advantages_N = compute_advantages(outcomes, keys, estimator)
+        scales_N = outcome_scales(outcomes, keys, estimator)
     advantages: dict[str, list[float]] = {}
     trained: dict[str, list[bool]] = {}
+    steps: dict[str, list[float]] = {}
     for trajectory, outcome, advantage, scale in zip(trajectories, outcomes, advantages_N, scales_N, strict=True):
         rewards_T, trained_T = apply_truncation_policy(
             [t.finish_reason for t in trajectory.transitions], credit(trajectory), truncated, truncated_reward
         )
         for transition, reward in zip(trajectory.transitions, rewards_T, strict=True):
             transition.reward = reward
-        advantages[trajectory.rollout_id] = transition_advantages(advantage, rewards_T, outcome, scale)
+        if value_head:
+            advantages[trajectory.rollout_id] = [0.0] * len(rewards_T)
+            steps[trajectory.rollout_id] = step_rewards(rewards_T, outcome)
+        else:
+            advantages[trajectory.rollout_id] = transition_advantages(advantage, rewards_T, outcome, scale)
         trained[trajectory.rollout_id] = trained_T
     report = None
     if staleness is not None:
@@ -197,4 +212,11 @@ def samples_for_step(
             policy=staleness.policy,
             decay=staleness.decay,
         )
-    return StepBatch(build_samples(trajectories, advantages, trained_by_rollout=trained, merge=merge), report)
+    batch = build_samples(
+        trajectories,
+        advantages,
+        trained_by_rollout=trained,
+        merge=merge,
+        step_rewards_by_rollout=steps if value_head else None,
+    )
+    return StepBatch(batch, report)

@@ -233,7 +233,7 @@ async def run_training(config: TrainConfig, console: Console | None = None) -> d
     console = console or Console()
     t_start = time.perf_counter()
     from agentbolt.adapter.agents import compile_agent_match
-    from agentbolt.algorithms.rl.advantages import compute_advantages
+    from agentbolt.algorithms.rl.advantages import check_estimator_name
     from agentbolt.algorithms.rl.credit import build_credit_scheme
     from agentbolt.algorithms.rl.torch_backend import TorchTrainerConfig
     from agentbolt.inference.model_files import get_model_spec
@@ -245,7 +245,7 @@ async def run_training(config: TrainConfig, console: Console | None = None) -> d
     build_credit_scheme(
         config.grpo.credit_assignment, gamma=config.grpo.credit_gamma, air_weights=config.grpo.air_weights
     )  # an unknown scheme fails here, naming the known ones
-    compute_advantages([], [], config.grpo.advantage_estimator)  # likewise an unknown estimator
+    check_estimator_name(config.grpo.advantage_estimator)  # likewise an unknown estimator
     try:
         trainer_config = TorchTrainerConfig(learning_rate=config.learning_rate, **config.torch_trainer)
     except (ValidationError, TypeError) as exc:

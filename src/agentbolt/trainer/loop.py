@@ -31,12 +31,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from agentbolt.adapter import build_trajectory, last_reward
 from agentbolt.adapter.agents import compile_agent_match
-from agentbolt.algorithms.rl.advantages import compute_advantages
+from agentbolt.algorithms.rl.advantages import VALUE_HEAD_ESTIMATOR, check_estimator_name
 from agentbolt.algorithms.rl.credit import build_credit_scheme
+from agentbolt.algorithms.rl.ppo_gae import rollout_gae
 from agentbolt.algorithms.rl.samples import TrainingSample
 from agentbolt.algorithms.rl.staleness import StalenessReport
 from agentbolt.config import GRPOConfig
@@ -84,6 +85,12 @@ class PolicyUpdater(Protocol):
     """What the loop needs from a trainer backend: one optimizer step on a batch of samples."""
 
     def train_step(self, samples: list[TrainingSample]) -> dict[str, float]: ...
+
+
+class ValueHeadUpdater(PolicyUpdater, Protocol):
+    """A trainer backend with a value head, as the ``gae`` estimator needs (PPO)."""
+
+    def values(self, samples: list[TrainingSample]) -> list[list[float]]: ...
 
 
 class ServingBackend(Protocol):
@@ -232,7 +239,9 @@ class RLTrainer:
         self.credit = build_credit_scheme(
             config.credit_assignment, gamma=config.credit_gamma, air_weights=config.air_weights
         )
-        compute_advantages([], [], config.advantage_estimator)  # an unknown name fails here, listing the known ones
+        check_estimator_name(config.advantage_estimator)  # an unknown name fails here, listing the known ones
+        if config.advantage_estimator == VALUE_HEAD_ESTIMATOR:
+            self._value_head()
         self.rng = random.Random(config.seed)
 
     async def publish_resources(self, *, temperature: float, purpose: str) -> str:
@@ -414,6 +423,13 @@ class RLTrainer:
         )
         batch, report = step_batch.batch, step_batch.staleness
         samples = batch.samples
+        gae_s = 0.0
+        if self.config.advantage_estimator == VALUE_HEAD_ESTIMATOR and samples:
+            # PPO with a value head: V(s) of every trained token under the pre-update weights, then GAE per rollout.
+            t_gae = time.perf_counter()
+            values = await asyncio.to_thread(self._value_head().values, samples)
+            samples = rollout_gae(samples, values, gamma=self.config.gae_gamma, lam=self.config.gae_lambda)
+            gae_s = time.perf_counter() - t_gae
 
         t1 = time.perf_counter()
         if self.sync_weights is None:  # the backend serves the trained module itself: no generation during the update
@@ -423,6 +439,8 @@ class RLTrainer:
         swap_s = await self.swap_weights(f"step-{train_step}")
         if self.sync_weights is not None:
             stats["weight_sync_s"] = swap_s
+        if gae_s:
+            stats["values_s"] = gae_s
         update_s = time.perf_counter() - t1
 
         result = StepResult(
@@ -536,6 +554,14 @@ class RLTrainer:
             self.backend.set_model_version(version)
             self.versions.append(version)
         return time.perf_counter() - t0
+
+    def _value_head(self) -> ValueHeadUpdater:
+        if not callable(getattr(self.updater, "values", None)):
+            raise ConfigError(
+                "advantage_estimator gae needs a trainer backend with a value head (the torch backend with "
+                "value_head=True); use a group estimator such as grpo otherwise"
+            )
+        return cast("ValueHeadUpdater", self.updater)
 
     def _update_paused(self, samples: list[TrainingSample]) -> dict[str, float]:
         with self.backend.paused():

@@ -243,8 +243,19 @@ BATCH_ADVANTAGE_ESTIMATORS: Registry[BatchAdvantageEstimator] = Registry(
 """Estimators that see the whole batch, by name. Add one with :func:`register_batch_advantage_estimator`."""
 
 
+VALUE_HEAD_ESTIMATOR = "gae"
+"""Token-level GAE with a value head (PPO): computed by the trainer from the value head's estimates
+(:mod:`agentbolt.algorithms.rl.ppo_gae`), not from rewards alone, so :func:`compute_advantages` does not run it."""
+
+
 def _known_names() -> str:
-    return ", ".join(sorted([*ADVANTAGE_ESTIMATORS, *BATCH_ADVANTAGE_ESTIMATORS]))
+    return ", ".join(sorted([*ADVANTAGE_ESTIMATORS, *BATCH_ADVANTAGE_ESTIMATORS, VALUE_HEAD_ESTIMATOR]))
+
+
+def check_estimator_name(name: str) -> None:
+    """Raises ConfigError (listing the known names) unless ``name`` is a registered estimator or ``gae``."""
+    if name != VALUE_HEAD_ESTIMATOR and name not in ADVANTAGE_ESTIMATORS and name not in BATCH_ADVANTAGE_ESTIMATORS:
+        raise ConfigError(f"unknown advantage estimator {name!r}; known: {_known_names()}")
 
 
 def register_advantage_estimator(name: str, implementation: AdvantageEstimator) -> None:
@@ -299,10 +310,16 @@ def compute_advantages(rewards_N: Sequence[float], group_keys_N: Sequence[K], es
         ``(N,)`` advantages in the order of ``rewards_N``.
 
     Raises:
-        ConfigError: unknown name (the message lists every known one), lengths differ, or a reward is not finite.
+        ConfigError: unknown name (the message lists every known one), ``gae`` (see :data:`VALUE_HEAD_ESTIMATOR`),
+            lengths differ, or a reward is not finite.
     """
     if len(rewards_N) != len(group_keys_N):
         raise ConfigError(f"got {len(rewards_N)} rewards but {len(group_keys_N)} group keys; give one key per reward")
+    if estimator == VALUE_HEAD_ESTIMATOR:
+        raise ConfigError(
+            "the gae estimator needs the value head's estimates: the trainer computes it per token "
+            "(agentbolt.algorithms.rl.ppo_gae.rollout_gae), not compute_advantages"
+        )
     if estimator in BATCH_ADVANTAGE_ESTIMATORS:
         return BATCH_ADVANTAGE_ESTIMATORS[estimator](rewards_N, group_keys_N)
     return advantages_by_group(rewards_N, group_keys_N, get_advantage_estimator(estimator))

@@ -278,7 +278,8 @@ def ppo_clip_loss(
             dtype; the math runs in float32.
         sampling_logprobs_BT: ``(B, T)`` log pi_behavior(token) under the policy that sampled (the gateway's
             logprobs; no gradient). Without ``old_logprobs_BT`` it is also pi_old, the ratio's anchor.
-        advantages_B: ``(B,)`` one advantage per sequence.
+        advantages_B: ``(B,)`` one advantage per sequence, or ``(B, T)`` one per token (GAE,
+            :mod:`agentbolt.algorithms.rl.ppo_gae`); per-token values outside the mask are ignored.
         loss_mask_BT: ``(B, T)`` 1 (or True) on trained tokens, 0 elsewhere; values outside the mask are ignored,
             including non-finite ones.
         clip_low: ``eps_low`` in ``[0, 1)``: the ratio's lower clip is ``1 - clip_low``.
@@ -310,9 +311,10 @@ def ppo_clip_loss(
             f"logprobs {tuple(shape)}, sampling_logprobs {tuple(sampling_logprobs_BT.shape)} and "
             f"loss_mask {tuple(loss_mask_BT.shape)} must all be (B, T)"
         )
-    if logprobs_BT.dim() != 2 or advantages_B.shape != shape[:1]:
+    if logprobs_BT.dim() != 2 or advantages_B.shape not in (shape[:1], shape):
         raise ConfigError(
-            f"advantages must be (B,) = ({shape[0]},) for (B, T) logprobs, got {tuple(advantages_B.shape)}"
+            f"advantages must be (B,) = ({shape[0]},) or (B, T) = {tuple(shape)} for (B, T) logprobs, got "
+            f"{tuple(advantages_B.shape)}"
         )
     _same_shape("old_logprobs", old_logprobs_BT, shape)
     _same_shape("ref_logprobs", ref_logprobs_BT, shape)
@@ -333,7 +335,10 @@ def ppo_clip_loss(
     mask = loss_mask_BT.to(torch.bool)
     mask_f = mask.to(torch.float32)
     zero = torch.zeros((), dtype=torch.float32, device=logprobs_BT.device)
-    advantages = advantages_B.to(torch.float32).unsqueeze(1)  # (B, 1)
+    if advantages_B.dim() == 1:
+        advantages = advantages_B.to(torch.float32).unsqueeze(1)  # (B, 1)
+    else:  # per-token advantages (GAE); outside the mask they are ignored
+        advantages = torch.where(mask, advantages_B.to(torch.float32), zero)  # (B, T)
     anchor = old_logprobs_BT if old_logprobs_BT is not None else sampling_logprobs_BT
     log_ratio = logprobs_BT.to(torch.float32) - anchor.to(torch.float32).detach()
     log_ratio = torch.where(mask, log_ratio, zero).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)

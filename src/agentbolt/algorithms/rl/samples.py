@@ -18,6 +18,7 @@ with the position that predicts it; the trainer shifts by one when it reads the 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -41,9 +42,15 @@ class TrainingSample:
         sampling_temperature: the temperature the response was sampled at; the gateway's logprobs are those of
             ``logits / temperature``, so the trainer divides by the same value (1.0 for greedy calls, whose
             logprobs are of the plain logits).
+        token_rewards: ``(L,)`` for PPO with a value head (estimator ``gae``): each merged call's step reward on
+            its last response token, 0 elsewhere (:func:`agentbolt.algorithms.rl.ppo_gae.step_rewards`); ``None``
+            otherwise.
+        token_advantages / token_returns: ``(L,)`` per-token GAE advantages and value targets, 0 where
+            ``loss_mask`` is 0 (:func:`agentbolt.algorithms.rl.ppo_gae.rollout_gae`); when set, the trainer uses
+            ``token_advantages`` instead of ``advantage`` and regresses its value head on ``token_returns``.
 
     Raises:
-        ConfigError: (on construction) the three lists differ in length, ``loss_mask`` has a value other than 0/1
+        ConfigError: (on construction) the lists differ in length, ``loss_mask`` has a value other than 0/1
             or is 1 at position 0, the advantage is not finite, or the temperature is not > 0.
     """
 
@@ -53,6 +60,9 @@ class TrainingSample:
     advantage: float
     rollout_id: str
     sampling_temperature: float = 1.0
+    token_rewards: list[float] | None = None
+    token_advantages: list[float] | None = None
+    token_returns: list[float] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
@@ -61,6 +71,10 @@ class TrainingSample:
                 f"sample of rollout {self.rollout_id}: input_ids, loss_mask and sampling_logprobs must have one entry "
                 f"per token, got {n}, {len(self.loss_mask)} and {len(self.sampling_logprobs)}"
             )
+        for name in ("token_rewards", "token_advantages", "token_returns"):
+            values = getattr(self, name)
+            if values is not None and (len(values) != n or not all(math.isfinite(v) for v in values)):
+                raise ConfigError(f"sample of rollout {self.rollout_id}: {name} must hold {n} finite values")
         if any(m not in (0, 1) for m in self.loss_mask):
             raise ConfigError(f"sample of rollout {self.rollout_id}: loss_mask values must be 0 or 1")
         if n and self.loss_mask[0]:
@@ -144,6 +158,7 @@ def merge_transitions(
     rollout_id: str,
     *,
     trained_T: Sequence[bool] | None = None,
+    step_rewards_T: Sequence[float] | None = None,
 ) -> list[TrainingSample]:
     """The samples of one trajectory, merging consecutive transitions that extend each other.
 
@@ -165,9 +180,12 @@ def merge_transitions(
         rollout_id: written on every sample (the loss weights rollouts by it, ``rollout_mean``).
         trained_T: ``(T,)`` False for a transition whose response must not be trained on (e.g. cut at max_tokens
             under the ``mask`` policy): its tokens stay as context, with loss mask 0. Default: all True.
+        step_rewards_T: ``(T,)`` for PPO with a value head: each transition's step reward, placed on its last
+            response token in the samples' ``token_rewards`` (``None``: no token rewards).
 
     Returns:
-        The samples, in order; a sample with no trained token at all is left out.
+        The samples, in order; a sample with no trained token at all is left out, and its step rewards move to the
+        last trained token of the previous sample (or, when there is none, the first trained token of the next).
 
     Raises:
         ConfigError: lengths differ, or a transition has an empty prompt.
@@ -178,16 +196,45 @@ def merge_transitions(
             f"rollout {rollout_id}: got {len(transitions)} transitions, {len(advantages_T)} advantages and "
             f"{len(trained)} trained flags; give one of each per transition"
         )
+    if step_rewards_T is not None and len(step_rewards_T) != len(transitions):
+        raise ConfigError(f"rollout {rollout_id}: got {len(transitions)} transitions, {len(step_rewards_T)} rewards")
     samples: list[TrainingSample] = []
     ids: list[int] = []
     mask: list[int] = []
     logprobs: list[float] = []
+    token_rewards: list[float] = []
     advantage = 0.0
     temperature = 1.0
 
+    carried = 0.0  # step rewards of untrained samples that no earlier sample could take
+
     def flush() -> None:
-        if ids and any(mask):
-            samples.append(TrainingSample(list(ids), list(mask), list(logprobs), advantage, rollout_id, temperature))
+        nonlocal carried
+        if not ids:
+            return
+        if not any(mask):
+            # Left out; its rewards go to the last trained token of the previous sample, else to the next sample.
+            lost = math.fsum(token_rewards) if step_rewards_T is not None else 0.0
+            if lost and samples:
+                previous = samples[-1]
+                assert previous.token_rewards is not None
+                moved = list(previous.token_rewards)
+                moved[max(i for i, m in enumerate(previous.loss_mask) if m)] += lost
+                samples[-1] = dataclasses.replace(previous, token_rewards=moved)
+            else:
+                carried += lost
+            return
+        rewards = None
+        if step_rewards_T is not None:
+            rewards = list(token_rewards)
+            if carried:
+                rewards[mask.index(1)] += carried
+                carried = 0.0
+        samples.append(
+            TrainingSample(
+                list(ids), list(mask), list(logprobs), advantage, rollout_id, temperature, token_rewards=rewards
+            )
+        )
 
     for k, transition in enumerate(transitions):
         prompt = transition.prompt_token_ids
@@ -205,16 +252,21 @@ def merge_transitions(
         )
         if not extends:
             flush()
-            ids, mask, logprobs = [], [], []
+            ids, mask, logprobs, token_rewards = [], [], [], []
             advantage, temperature = float(advantages_T[k]), _temperature(transition)
         added = len(prompt) - len(ids)
         ids.extend(prompt[len(ids) :])
         mask.extend([0] * added)
         logprobs.extend([0.0] * added)
+        token_rewards.extend([0.0] * added)
         ids.extend(transition.response_token_ids)
         on = 1 if trained[k] else 0
-        mask.extend([on] * len(transition.response_token_ids))
+        n_response = len(transition.response_token_ids)
+        mask.extend([on] * n_response)
         logprobs.extend(float(x) if on else 0.0 for x in transition.sampling_logprobs)
+        token_rewards.extend([0.0] * n_response)
+        if step_rewards_T is not None and n_response:
+            token_rewards[-1] = float(step_rewards_T[k])
     flush()
     return samples
 
@@ -246,6 +298,7 @@ def build_samples(
     *,
     trained_by_rollout: Mapping[str, Sequence[bool]] | None = None,
     merge: bool = True,
+    step_rewards_by_rollout: Mapping[str, Sequence[float]] | None = None,
 ) -> SampleBatch:
     """The samples of a batch: :func:`merge_transitions` per trajectory (``merge=False``: one per transition).
 
@@ -254,6 +307,8 @@ def build_samples(
         advantages_by_rollout: ``rollout_id -> advantages_T``, one advantage per transition.
         trained_by_rollout: ``rollout_id -> trained_T`` (see :func:`merge_transitions`); missing: all trained.
         merge: merge transitions that extend each other (default) or not.
+        step_rewards_by_rollout: ``rollout_id -> step_rewards_T`` for PPO with a value head (see
+            :func:`merge_transitions`); ``None``: no token rewards.
 
     Returns:
         A :class:`SampleBatch` (``tokens_unmerged`` counts every transition, trained or not).
@@ -277,9 +332,12 @@ def build_samples(
                 f"{n if trained is None else len(trained)} trained flags; give one of each per transition"
             )
         tokens_unmerged += sum(len(t.prompt_token_ids) + len(t.response_token_ids) for t in trajectory.transitions)
+        steps = None if step_rewards_by_rollout is None else step_rewards_by_rollout[trajectory.rollout_id]
         if merge:
             samples.extend(
-                merge_transitions(trajectory.transitions, advantages, trajectory.rollout_id, trained_T=trained)
+                merge_transitions(
+                    trajectory.transitions, advantages, trajectory.rollout_id, trained_T=trained, step_rewards_T=steps
+                )
             )
             continue
         for k, transition in enumerate(trajectory.transitions):
@@ -289,6 +347,7 @@ def build_samples(
                     [advantages[k]],
                     trajectory.rollout_id,
                     trained_T=None if trained is None else [trained[k]],
+                    step_rewards_T=None if steps is None else [steps[k]],
                 )
             )
     return SampleBatch(samples, tokens_unmerged, sum(s.n_tokens for s in samples))
