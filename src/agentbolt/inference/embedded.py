@@ -139,12 +139,15 @@ class EmbeddedBackend:
         tokenizer: PreTrainedTokenizerBase,
         *,
         model_name: str,
-        device: torch.device | str = "cpu",
+        device: torch.device | str | None = None,
         max_batch_size: int = 16,
         batch_wait_s: float = 0.02,
         num_threads: int | None = None,
     ) -> None:
         """Serve an already loaded ``model`` (most callers want :meth:`load`). Starts the worker thread.
+
+        ``device`` is where inputs are sent; ``None`` (the default) means the device of the model's first parameter,
+        so a model already moved to ``cuda`` is served there.
 
         Raises:
             ConfigError: ``max_batch_size < 1`` or ``batch_wait_s < 0``.
@@ -157,7 +160,7 @@ class EmbeddedBackend:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.model_version = "base"
-        self.device = torch.device(device)
+        self.device = torch.device(device) if device is not None else _model_device(model)
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
         self.num_threads = num_threads or os.cpu_count() or 1
@@ -197,8 +200,11 @@ class EmbeddedBackend:
         Args:
             name_or_path: an embedded model name (a key of ``MODEL_SPECS``, prepared on first use with
                 :func:`~agentbolt.inference.model_files.prepare_model`) or a Hugging Face model directory.
-            device: ``cpu``, ``cuda`` or ``cuda:N``.
-            dtype: weights dtype (bf16 by default; the embedded models are converted to bf16).
+            device: ``cpu``, ``cuda`` or ``cuda:N``. On CUDA the weights are loaded on the host, then moved; the
+                generation timings in :attr:`stats` include the device synchronization (results are copied back to
+                the host before the clock stops).
+            dtype: weights dtype (bf16 by default; the embedded models are converted to bf16; a CUDA GPU older than
+                Ampere gets a warning, as it has no native bf16).
             max_batch_size: most requests per ``generate`` call.
             batch_wait_s: how long the worker waits, after the oldest queued request arrived, for more requests
                 to fill a batch.
@@ -212,8 +218,13 @@ class EmbeddedBackend:
             BackendError: the model files are missing or corrupt, or loading failed.
         """
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
-        if str(device).startswith("cuda") and not torch.cuda.is_available():
-            raise ConfigError(f"device {device!r} was asked for but CUDA is not available; use device='cpu'")
+        if str(device).startswith("cuda"):
+            if not torch.cuda.is_available():
+                raise ConfigError(f"device {device!r} was asked for but CUDA is not available; use device='cpu'")
+            if dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+                logger.warning(
+                    "%s has no native bf16 (pre-Ampere); bf16 runs emulated and slow, pass dtype=float16", device
+                )
         name = str(name_or_path)
         if name in MODEL_SPECS:
             path = prepare_model(name, cache_dir)
@@ -509,6 +520,7 @@ class EmbeddedBackend:
                     streamer=streamer,
                 )
                 generated_BT = output.sequences[:, prompt_len:]
+                # .cpu() waits for the device, so elapsed_s below covers all of the batch's kernels
                 logprobs_BT = recorder.finish(generated_BT).cpu()
                 generated_BT = generated_BT.cpu()
         finally:
@@ -609,6 +621,14 @@ def _served_name(name: str, path: Path) -> str:
         if isinstance(marked, str) and marked:
             return marked
     return path.name
+
+
+def _model_device(model: Any) -> torch.device:
+    """The device of ``model``'s first parameter (``cpu`` for a model without parameters)."""
+    try:
+        return next(iter(model.parameters())).device
+    except (StopIteration, AttributeError, TypeError):
+        return torch.device("cpu")
 
 
 def _check_sampling(request: GenerationRequest) -> None:

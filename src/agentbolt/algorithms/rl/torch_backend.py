@@ -21,6 +21,23 @@ gathered at the trained positions only, and ``lm_head`` + ``logsumexp`` run over
 positions under activation checkpointing, so at most one ``(chunk, V)`` float32 block (V = 151,936 for Qwen2.5) is
 alive at a time, in the forward and in the backward. This assumes the causal-LM head is ``lm_head(decoder(x))``
 (Llama, Qwen2/3, Mistral, SmolLM, ...); models that soft-cap or scale their final logits are refused.
+
+Devices: the trainer runs where the model's trainable parameters are (``cpu``, ``cuda`` or ``cuda:N``): move the
+model before :func:`attach_lora`. Each micro-batch is collated on the host (one ``(B, T)`` int64/float32 tensor per
+field, a few hundred KB) and copied to the device once; pinned memory is not used, since a pinned allocation per
+micro-batch costs more than it saves at that size. On CUDA the step's host-device synchronizations are the per
+micro-batch loss statistics (``.item()``) and the gradient norm, ``train_step_s`` is measured after
+``torch.cuda.synchronize``, and the peak device memory of the step is reported. Weights stay in the model's dtype
+(load it in ``torch.bfloat16`` on a GPU: every CUDA GPU since Ampere runs bf16 matmuls natively); adapters are
+float32. No autocast is used: the forward runs in the base weights' dtype, as the sampler's does.
+
+On a GPU, raise ``micro_batch_tokens`` (fewer, larger micro-batches keep the device busy). Activations grow
+linearly with it. For the Qwen2.5-0.5B architecture in bf16 with LoRA r16 on every projection, the tensors saved for
+the backward (summed with ``torch.autograd.graph.saved_tensors_hooks``, weights excluded, CPU, SDPA attention) are
+1.97 MB per token without gradient checkpointing (peft keeps a float32 copy of each adapted layer's input) and
+0.047 MB per token with it, plus about 1/24 of the former for the layer being recomputed. So 16,384 tokens take
+about 32 GB of activations without checkpointing, 32,768 about 64 GB, and 65,536 tokens about 3 + 5 GB with it,
+on top of 1.3 GB of weights. ``scripts/gpu_check.py`` measures the real peak on a GPU (``docs/gpu.md``).
 """
 
 from __future__ import annotations
@@ -74,7 +91,9 @@ class TorchTrainerConfig(BaseModel):
             gets a micro-batch of its own). Activation memory grows linearly with it (peft also keeps a float32 copy
             of each adapted layer's input). Measured peak RSS of the whole process, SmolLM2-135M in bf16 on CPU:
             6.1 GB at 4096, 4.4 GB at 2048 (the default), 3.3 GB at 1024, 2.3 GB at 1024 with
-            ``gradient_checkpointing``; expect about twice the activations for Qwen2.5-0.5B. Raise it on a GPU.
+            ``gradient_checkpointing``; expect about twice the activations for Qwen2.5-0.5B. Raise it on a GPU
+            (for Qwen2.5-0.5B on an 80+ GB GPU: 16384-32768 without ``gradient_checkpointing``, 65536 with it;
+            see the module docstring).
         clip_low / clip_high: PPO-clip bounds ``[1 - clip_low, 1 + clip_high]`` (DAPO clip-higher defaults,
             arXiv:2503.14476).
         loss_aggregation: ``token_mean`` (DAPO), ``sequence_mean`` (GRPO) or ``rollout_mean`` (every rollout weighs
@@ -88,7 +107,10 @@ class TorchTrainerConfig(BaseModel):
             sampling logprobs, no weight.
         logprob_chunk_tokens: positions per ``lm_head`` + log-softmax chunk (memory vs. speed).
         gradient_checkpointing: recompute decoder activations in the backward (less memory, about one more forward
-            of compute).
+            of compute). Non-reentrant ``torch.utils.checkpoint`` on every decoder layer (transformers'
+            ``activation_checkpointing_enable``, ``gradient_checkpointing_enable`` before 5.x); the loss and the
+            LoRA gradients are the same as without it (tested to 1e-6 in float32). The ``lm_head`` + log-softmax
+            chunks are always checkpointed, whatever this says.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -144,7 +166,11 @@ def attach_lora(model: PreTrainedModel, config: TorchTrainerConfig) -> PeftModel
     if isinstance(model, PeftModel) or getattr(model, "peft_config", None):
         raise ConfigError("the model already has adapters; attach_lora must be called once, on the base model")
     if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5.x; the old name warns
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     lora_config = LoraConfig(
         r=config.lora_r,
         lora_alpha=config.lora_alpha,
@@ -224,7 +250,10 @@ class TorchPolicyTrainer:
             ``stepped`` (1.0 or 0.0), ``n_samples`` (trained), ``n_skipped_zero_advantage``,
             ``n_skipped_no_loss_tokens``, ``n_tokens`` (non-padding tokens forwarded), ``n_loss_tokens``,
             ``n_padding_tokens``, ``n_micro_batches``, ``tokens_per_s``, ``train_step_s``, ``learning_rate``,
-            ``peak_rss_bytes`` (process peak resident memory so far) and, on CUDA, ``peak_device_memory_bytes``.
+            ``peak_rss_bytes`` (process peak resident memory so far) and, on CUDA, ``peak_device_memory_bytes``
+            (peak bytes allocated by torch on the device during this step: the counter is reset when it starts).
+            ``train_step_s`` is wall-clock seconds (after a device synchronize on CUDA); ``tokens_per_s`` is
+            ``n_tokens / train_step_s``.
             The keys are the same whether or not a step was taken. When no sample is left (every advantage is 0)
             nothing runs: ``stepped`` is 0 and the measured-only values (``approx_kl``, ``clip_fraction``,
             ``ratio_mean``, ``grad_norm``) are ``nan``. A non-finite gradient norm also gives ``stepped`` 0.
@@ -301,7 +330,7 @@ class TorchPolicyTrainer:
                     kl_estimator=self.config.kl_estimator,
                     token_weights_B=None
                     if weights is None
-                    else torch.tensor([weights[i] for i in indices], dtype=torch.float32),
+                    else torch.tensor([weights[i] for i in indices], dtype=torch.float32, device=self.device),
                 )
                 loss.backward()
                 loss_sum += float(loss.item())
@@ -310,7 +339,7 @@ class TorchPolicyTrainer:
                 kl_ref_sum += loss_stats.kl_reference * n
                 clip_sum += loss_stats.clip_fraction * n
                 ratio_sum += loss_stats.ratio_mean * n
-                n_padding += int(tensors["input_ids"].numel() - tensors["attention_mask"].sum().item())
+                n_padding += len(batch) * max(s.n_tokens for s in batch) - sum(s.n_tokens for s in batch)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self._params, self.config.max_grad_norm).item())
             stepped = math.isfinite(grad_norm)
             if stepped:
@@ -424,6 +453,8 @@ class TorchPolicyTrainer:
         return picked - torch.logsumexp(logits, dim=1)
 
     def _finish(self, stats: dict[str, float], start: float, *, n_tokens: int) -> dict[str, float]:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the optimizer step's kernels may still be queued
         elapsed = time.perf_counter() - start
         stats["train_step_s"] = elapsed
         stats["tokens_per_s"] = n_tokens / elapsed if elapsed > 0 else 0.0
