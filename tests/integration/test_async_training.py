@@ -4,6 +4,8 @@
    ``backend_unavailable`` (recorded as a failed, untrainable call) when the swap outlasts the hold limit.
 2. ``agentbolt train`` with ``async_rollouts: 1``: the rollouts of step s+1 are enqueued with the weights of step
    s-1 while step s updates, the staleness of every transition is counted, and every step swaps the weights once.
+   It runs PPO with a value head (``gae``), so that path also runs end to end: values before the update, GAE, the
+   value loss reported.
 """
 
 from __future__ import annotations
@@ -89,7 +91,8 @@ def test_train_cli_with_async_rollouts(tmp_path: Path, smollm2_dir: Path) -> Non
         "val_size: 0\n"
         "runner_processes: 1\n"
         "runner_concurrency: 4\n"
-        "grpo: {steps: 3, tasks_per_step: 1, group_size: 2, max_tokens: 24, async_rollouts: 1}\n"
+        "grpo: {steps: 3, tasks_per_step: 1, group_size: 2, max_tokens: 24, async_rollouts: 1, "
+        "advantage_estimator: gae}\n"
     )
     out = tmp_path / "run"
     env = {**os.environ, "AGENTBOLT_CACHE": str(smollm2_dir.parent.parent)}
@@ -112,6 +115,8 @@ def test_train_cli_with_async_rollouts(tmp_path: Path, smollm2_dir: Path) -> Non
     for step, report in zip(summary["timing_s"]["per_step_wait"], staleness, strict=True):
         assert step >= 0 and set(report["by_staleness"]) <= {"0", "1"} and report["dropped"] == 0
     assert sum(sum(r["by_staleness"].values()) for r in staleness) == summary["n_transitions"]
+    for update in summary["update_stats"]:  # the value head was trained every step
+        assert update["stepped"] == 1.0 and update["value_loss"] >= 0 and update["values_s"] > 0
 
     async def check_store() -> None:
         store = SqliteLightningStore(out / "store.db")

@@ -250,6 +250,8 @@ async def run_training(config: TrainConfig, console: Console | None = None) -> d
         trainer_config = TorchTrainerConfig(learning_rate=config.learning_rate, **config.torch_trainer)
     except (ValidationError, TypeError) as exc:
         raise ConfigError(f"torch_trainer: {exc}") from None
+    if config.grpo.advantage_estimator == "gae" and not trainer_config.value_head:
+        trainer_config = trainer_config.model_copy(update={"value_head": True})  # PPO: the value head is needed
     tasks_mod = load_tasks_module(config.tasks)
     db_path = fresh_db_path(config.out_dir, overwrite=config.overwrite)
 

@@ -111,6 +111,11 @@ class TorchTrainerConfig(BaseModel):
             ``activation_checkpointing_enable``, ``gradient_checkpointing_enable`` before 5.x); the loss and the
             LoRA gradients are the same as without it (tested to 1e-6 in float32). The ``lm_head`` + log-softmax
             chunks are always checkpointed, whatever this says.
+        value_head: add a value head for PPO with GAE (the ``gae`` estimator): a float32 linear layer ``H -> 1``
+            on the decoder's last hidden state, shared backbone (the LoRA policy), zero-initialized, trained with
+            the LoRA parameters; see :meth:`TorchPolicyTrainer.values`.
+        vf_coef: weight of the value loss ``0.5 * (V - return)^2``, averaged over the batch's trained tokens
+            (PPO, Schulman et al. 2017, arXiv:1707.06347, eq. 9, ``c_1``); read only with ``value_head``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -131,6 +136,8 @@ class TorchTrainerConfig(BaseModel):
     tis_cap: float | None = Field(default=None, gt=0)
     logprob_chunk_tokens: int = Field(default=512, ge=1)
     gradient_checkpointing: bool = False
+    value_head: bool = False
+    vf_coef: float = Field(default=0.5, ge=0)
 
     @field_validator("lora_dropout")
     @classmethod
@@ -236,6 +243,14 @@ class TorchPolicyTrainer:
         if not self._params:
             raise ConfigError("the model has no trainable parameter; build it with attach_lora(model, config)")
         self.device = self._params[0].device
+        self.value_head: torch.nn.Linear | None = None
+        """``H -> 1`` float32 value head (``config.value_head``); ``None`` without one."""
+        if config.value_head:
+            hidden_size = int(base.config.hidden_size)
+            self.value_head = torch.nn.Linear(hidden_size, 1, dtype=torch.float32, device=self.device)
+            torch.nn.init.zeros_(self.value_head.weight)  # V = 0 at first: GAE starts as Monte Carlo returns
+            torch.nn.init.zeros_(self.value_head.bias)
+            self._params += list(self.value_head.parameters())
         self.optimizer = torch.optim.AdamW(self._params, lr=config.learning_rate, weight_decay=config.weight_decay)
         self.train_steps = 0
         """Optimizer steps taken so far."""
@@ -246,7 +261,8 @@ class TorchPolicyTrainer:
         Returns:
             Floats: ``loss`` (the batch's PPO-clip loss), ``clip_fraction``, ``approx_kl`` (k3, mean over trained
             tokens), ``kl_reference`` (mean KL estimate to the reference; ``nan`` when ``kl_coef`` is 0),
-            ``ratio_mean``, ``grad_norm`` (before clipping; ``nan`` when no step was taken),
+            ``ratio_mean``, ``grad_norm`` (before clipping; ``nan`` when no step was taken), ``value_loss`` and
+            ``value_mean`` (the value head's loss and mean estimate over trained tokens; ``nan`` without gae),
             ``stepped`` (1.0 or 0.0), ``n_samples`` (trained), ``n_skipped_zero_advantage``,
             ``n_skipped_no_loss_tokens``, ``n_tokens`` (non-padding tokens forwarded), ``n_loss_tokens``,
             ``n_padding_tokens``, ``n_micro_batches``, ``tokens_per_s``, ``train_step_s``, ``learning_rate``,
@@ -261,9 +277,18 @@ class TorchPolicyTrainer:
         start = time.perf_counter()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        n_zero = sum(1 for s in samples if s.advantage == 0.0)
-        n_empty = sum(1 for s in samples if s.advantage != 0.0 and s.n_loss_tokens == 0)
-        kept = [s for s in samples if s.advantage != 0.0 and s.n_loss_tokens > 0]
+        per_token = any(s.token_advantages is not None for s in samples)
+        if per_token and not all(s.token_advantages is not None for s in samples):
+            raise ConfigError("either every sample has token_advantages (gae) or none does")
+        if per_token and self.value_head is not None and any(s.token_returns is None for s in samples):
+            raise ConfigError("the value head needs token_returns on every sample (rollout_gae sets them)")
+
+        def useful(s: TrainingSample) -> bool:  # can move the policy (with gae: the value head too)
+            return per_token or s.advantage != 0.0
+
+        n_zero = sum(1 for s in samples if not useful(s))
+        n_empty = sum(1 for s in samples if useful(s) and s.n_loss_tokens == 0)
+        kept = [s for s in samples if useful(s) and s.n_loss_tokens > 0]
         stats: dict[str, float] = {
             "n_skipped_zero_advantage": float(n_zero),
             "n_skipped_no_loss_tokens": float(n_empty),
@@ -279,6 +304,8 @@ class TorchPolicyTrainer:
                 "n_micro_batches": 0.0,
             }
             not_measured = {
+                "value_loss": math.nan,
+                "value_mean": math.nan,
                 "approx_kl": math.nan,
                 "kl_reference": math.nan,
                 "clip_fraction": math.nan,
@@ -301,7 +328,7 @@ class TorchPolicyTrainer:
         )
 
         loss_sum = 0.0
-        kl_sum = clip_sum = ratio_sum = kl_ref_sum = 0.0
+        kl_sum = clip_sum = ratio_sum = kl_ref_sum = value_loss_sum = value_sum = 0.0
         n_padding = 0
         self.optimizer.zero_grad(set_to_none=True)
         self.model.train()
@@ -309,7 +336,7 @@ class TorchPolicyTrainer:
             for indices in plan:
                 batch = [kept[i] for i in indices]
                 tensors = self._collate(batch)
-                logprobs = self._token_logprobs(tensors)
+                logprobs, values = self._token_logprobs_and_values(tensors)
                 ref_logprobs = None
                 if self.config.kl_coef > 0:
                     with torch.no_grad(), self.model.disable_adapter():
@@ -317,7 +344,7 @@ class TorchPolicyTrainer:
                 loss, loss_stats = ppo_clip_loss(
                     logprobs,
                     tensors["sampling_logprobs"][:, 1:],
-                    tensors["advantages"],
+                    tensors["token_advantages"][:, 1:] if per_token else tensors["advantages"],
                     tensors["loss_mask"][:, 1:],
                     clip_low=self.config.clip_low,
                     clip_high=self.config.clip_high,
@@ -332,6 +359,14 @@ class TorchPolicyTrainer:
                     if weights is None
                     else torch.tensor([weights[i] for i in indices], dtype=torch.float32, device=self.device),
                 )
+                if values is not None and per_token:
+                    # PPO's L^VF (arXiv:1707.06347, eq. 9): 0.5 (V - return)^2, mean over the batch's trained tokens
+                    trained = tensors["loss_mask"][:, 1:].to(torch.bool)
+                    error = torch.where(trained, values - tensors["token_returns"][:, 1:], values.new_zeros(()))
+                    value_loss = 0.5 * error.pow(2).sum() / total_loss_tokens
+                    value_loss_sum += float(value_loss.item())
+                    value_sum += float(torch.where(trained, values, values.new_zeros(())).sum().item())
+                    loss = loss + self.config.vf_coef * value_loss
                 loss.backward()
                 loss_sum += float(loss.item())
                 n = loss_stats.n_loss_tokens
@@ -350,8 +385,11 @@ class TorchPolicyTrainer:
             self.model.eval()
 
         n_tokens = sum(s.n_tokens for s in kept)
+        has_values = self.value_head is not None and per_token
         stats.update(
             loss=loss_sum,
+            value_loss=value_loss_sum if has_values else math.nan,
+            value_mean=value_sum / total_loss_tokens if has_values else math.nan,
             approx_kl=kl_sum / total_loss_tokens,
             kl_reference=kl_ref_sum / total_loss_tokens,
             clip_fraction=clip_sum / total_loss_tokens,
@@ -388,6 +426,38 @@ class TorchPolicyTrainer:
             self.model.train(was_training)
         return out
 
+    @torch.no_grad()
+    def values(self, samples: Sequence[TrainingSample]) -> list[list[float]]:
+        """The value head's ``V(s_k)`` for every trained token ``k`` under the current weights, without a gradient.
+
+        ``V(s_k)`` is read from the hidden state of position ``k - 1`` (the state before token ``k`` is generated),
+        in float32.
+
+        Returns:
+            One ``(L,)`` list per sample, aligned like ``sampling_logprobs``: 0.0 where ``loss_mask`` is 0.
+
+        Raises:
+            ConfigError: the trainer has no value head (``TorchTrainerConfig.value_head``).
+        """
+        if self.value_head is None:
+            raise ConfigError("this trainer has no value head; build it with TorchTrainerConfig(value_head=True)")
+        was_training = self.model.training
+        self.model.eval()
+        out: list[list[float]] = [[] for _ in samples]
+        try:
+            for indices in plan_micro_batches([s.n_tokens for s in samples], self.config.micro_batch_tokens):
+                batch = [samples[i] for i in indices]
+                _, values = self._token_logprobs_and_values(self._collate(batch), logprobs=False)
+                assert values is not None
+                values_cpu = values.cpu()
+                for row, i in enumerate(indices):
+                    n = samples[i].n_tokens
+                    row_values = [0.0, *values_cpu[row, : n - 1].tolist()]
+                    out[i] = [v if m else 0.0 for v, m in zip(row_values, samples[i].loss_mask, strict=True)]
+        finally:
+            self.model.train(was_training)
+        return out
+
     def save_adapter(self, path: str | Path) -> Path:
         """Write the current LoRA adapter under ``path`` (see :func:`save_adapter`)."""
         return save_adapter(self.model, path)
@@ -401,13 +471,21 @@ class TorchPolicyTrainer:
         attention_mask = torch.zeros((rows, width), dtype=torch.long)
         loss_mask = torch.zeros((rows, width), dtype=torch.long)
         sampling_logprobs = torch.zeros((rows, width), dtype=torch.float32)
+        token_advantages = torch.zeros((rows, width), dtype=torch.float32)
+        token_returns = torch.zeros((rows, width), dtype=torch.float32)
         for row, sample in enumerate(batch):
             n = sample.n_tokens
             input_ids[row, :n] = torch.tensor(sample.input_ids, dtype=torch.long)
             attention_mask[row, :n] = 1
             loss_mask[row, :n] = torch.tensor(sample.loss_mask, dtype=torch.long)
             sampling_logprobs[row, :n] = torch.tensor(sample.sampling_logprobs, dtype=torch.float32)
+            if sample.token_advantages is not None:
+                token_advantages[row, :n] = torch.tensor(sample.token_advantages, dtype=torch.float32)
+            if sample.token_returns is not None:
+                token_returns[row, :n] = torch.tensor(sample.token_returns, dtype=torch.float32)
         tensors = {
+            "token_advantages": token_advantages,
+            "token_returns": token_returns,
             "input_ids": input_ids,
             "attention_mask": attention_mask,
             "loss_mask": loss_mask,
@@ -420,12 +498,28 @@ class TorchPolicyTrainer:
     def _token_logprobs(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
         """``(B, T - 1)`` float32: entry ``[b, t]`` is log pi(input_ids[b, t + 1] | input_ids[b, : t + 1]) at the
         trained positions (``loss_mask[b, t + 1] == 1``), 0 elsewhere. Differentiable when grad is enabled."""
+        return self._token_logprobs_and_values(tensors, values=False)[0]
+
+    def _token_logprobs_and_values(
+        self, tensors: dict[str, torch.Tensor], *, logprobs: bool = True, values: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One decoder forward: the token logprobs of :meth:`_token_logprobs` (zeros when ``logprobs`` is False)
+        and, with a value head and ``values``, ``(B, T - 1)`` float32 values aligned the same way (entry ``[b, t]``
+        is the value of the state before token ``t + 1``), else ``None``."""
         input_ids = tensors["input_ids"]
         predicted = tensors["loss_mask"][:, 1:].to(torch.bool)  # (B, T-1)
         hidden = self._decoder(
             input_ids=input_ids, attention_mask=tensors["attention_mask"], use_cache=False
         ).last_hidden_state  # (B, T, H), model dtype
         hidden_NH = hidden[:, :-1][predicted]  # (N, H): the positions that predict a trained token
+        value_out = None
+        if values and self.value_head is not None:
+            value_N = self.value_head(hidden_NH.float()).squeeze(-1)  # (N,) float32
+            value_out = torch.zeros(predicted.shape, dtype=torch.float32, device=input_ids.device)
+            value_out = value_out.masked_scatter(predicted, value_N)
+        out = torch.zeros(predicted.shape, dtype=torch.float32, device=input_ids.device)
+        if not logprobs:
+            return out, value_out
         targets_N = input_ids[:, 1:][predicted]  # (N,)
         rows = torch.arange(input_ids.shape[0], device=input_ids.device).unsqueeze(1).expand_as(predicted)
         inverse_temperatures_N = tensors["inverse_temperatures"][rows[predicted]]  # (N,)
@@ -439,9 +533,8 @@ class TorchPolicyTrainer:
                 piece = self._chunk_logprobs(*args)
             assert isinstance(piece, torch.Tensor)
             pieces.append(piece)
-        values_N = torch.cat(pieces) if pieces else hidden.new_zeros((0,), dtype=torch.float32)
-        out = torch.zeros(predicted.shape, dtype=torch.float32, device=input_ids.device)
-        return out.masked_scatter(predicted, values_N)
+        logprobs_N = torch.cat(pieces) if pieces else hidden.new_zeros((0,), dtype=torch.float32)
+        return out.masked_scatter(predicted, logprobs_N), value_out
 
     def _chunk_logprobs(
         self, hidden_NH: torch.Tensor, targets_N: torch.Tensor, inverse_temperatures_N: torch.Tensor
