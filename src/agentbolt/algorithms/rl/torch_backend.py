@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -187,7 +188,10 @@ def attach_lora(model: PreTrainedModel, config: TorchTrainerConfig) -> PeftModel
         task_type="CAUSAL_LM",
     )
     try:
-        peft_model = get_peft_model(model, lora_config)
+        with warnings.catch_warnings():
+            # peft asks transformers >= 5 through a deprecated name; the warning is theirs, not the user's
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            peft_model = get_peft_model(model, lora_config)
     except ValueError as exc:
         raise ConfigError(f"cannot attach LoRA to {config.lora_target_modules}: {exc}") from exc
     for name, param in peft_model.named_parameters():
