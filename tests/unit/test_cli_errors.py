@@ -56,3 +56,14 @@ def test_an_output_path_that_is_a_file_is_refused(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "is a file" in result.output and "Traceback" not in result.output
     assert taken.read_text() == "x"
+
+
+def test_a_cuda_device_on_a_machine_without_one_is_refused_before_writing(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():  # pragma: no cover - this check is for machines without a GPU
+        return
+    result = CliRunner().invoke(app, ["demo", "--steps", "1", "--device", "cuda", "--out", str(tmp_path / "z")])
+    assert result.exit_code == 2
+    assert "device 'cuda' is not available here" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "z").exists()

@@ -257,6 +257,7 @@ def demo(
     val_size: int = typer.Option(8, help="tasks per validation set"),
     overwrite: bool = typer.Option(False, help="replace an existing OUT/store.db"),
     seed: int = typer.Option(0, help="task sampling seed"),
+    device: str = typer.Option("cpu", help="where the model is served and trained: cpu, cuda or cuda:N"),
 ) -> None:
     """Train the calculator agent with GRPO on this machine and report validation accuracy before and after."""
     from agentbolt.config import GRPOConfig
@@ -270,6 +271,7 @@ def demo(
             grpo=GRPOConfig(steps=steps, tasks_per_step=tasks_per_step, group_size=group_size, seed=seed),
             val_size=val_size,
             overwrite=overwrite,
+            device=device,
         )
         asyncio.run(run_demo(config, console))
     except (AgentboltError, ValidationError) as exc:

@@ -252,6 +252,14 @@ async def run_training(config: TrainConfig, console: Console | None = None) -> d
         raise ConfigError(f"torch_trainer: {exc}") from None
     if config.grpo.advantage_estimator == "gae" and not trainer_config.value_head:
         trainer_config = trainer_config.model_copy(update={"value_head": True})  # PPO: the value head is needed
+    if config.device != "cpu":
+        import torch
+
+        if not config.device.startswith("cuda") or not torch.cuda.is_available():
+            raise ConfigError(
+                f"device {config.device!r} is not available here (torch sees "
+                f"{torch.cuda.device_count()} CUDA devices); use device cpu, cuda or cuda:N"
+            )
     tasks_mod = load_tasks_module(config.tasks)
     db_path = fresh_db_path(config.out_dir, overwrite=config.overwrite)
 
