@@ -46,7 +46,7 @@ import math
 import sys
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -407,7 +407,6 @@ class TorchPolicyTrainer:
         )
         return self._finish(stats, start, n_tokens=n_tokens)
 
-    @torch.no_grad()
     def trainer_logprobs(self, samples: Sequence[TrainingSample]) -> list[list[float]]:
         """log pi(token) under the current policy, computed exactly as ``train_step`` does, without a gradient.
 
@@ -415,22 +414,8 @@ class TorchPolicyTrainer:
             One ``(L,)`` list per sample, aligned like ``sampling_logprobs``: 0.0 where ``loss_mask`` is 0. Compare
             with ``sampling_logprobs`` to measure the sampler/trainer mismatch.
         """
-        was_training = self.model.training
-        self.model.eval()
-        out: list[list[float]] = [[] for _ in samples]
-        try:
-            for indices in plan_micro_batches([s.n_tokens for s in samples], self.config.micro_batch_tokens):
-                batch = [samples[i] for i in indices]
-                logprobs = self._token_logprobs(self._collate(batch)).cpu()
-                for row, i in enumerate(indices):
-                    n = samples[i].n_tokens
-                    values = [0.0, *logprobs[row, : n - 1].tolist()]
-                    out[i] = [v if m else 0.0 for v, m in zip(values, samples[i].loss_mask, strict=True)]
-        finally:
-            self.model.train(was_training)
-        return out
+        return self._per_token(samples, self._token_logprobs)
 
-    @torch.no_grad()
     def values(self, samples: Sequence[TrainingSample]) -> list[list[float]]:
         """The value head's ``V(s_k)`` for every trained token ``k`` under the current weights, without a gradient.
 
@@ -445,19 +430,30 @@ class TorchPolicyTrainer:
         """
         if self.value_head is None:
             raise ConfigError("this trainer has no value head; build it with TorchTrainerConfig(value_head=True)")
+
+        def values_BT(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+            values = self._token_logprobs_and_values(tensors, logprobs=False)[1]
+            assert values is not None
+            return values
+
+        return self._per_token(samples, values_BT)
+
+    @torch.no_grad()
+    def _per_token(
+        self, samples: Sequence[TrainingSample], compute: Callable[[dict[str, torch.Tensor]], torch.Tensor]
+    ) -> list[list[float]]:
+        """Run ``compute`` (collated micro-batch -> ``(B, T - 1)`` values of the tokens ``1..T-1``) in eval mode
+        over micro-batches; return one ``(L,)`` list per sample, aligned with its tokens, 0.0 off the loss mask."""
         was_training = self.model.training
         self.model.eval()
         out: list[list[float]] = [[] for _ in samples]
         try:
             for indices in plan_micro_batches([s.n_tokens for s in samples], self.config.micro_batch_tokens):
-                batch = [samples[i] for i in indices]
-                _, values = self._token_logprobs_and_values(self._collate(batch), logprobs=False)
-                assert values is not None
-                values_cpu = values.cpu()
+                computed = compute(self._collate([samples[i] for i in indices])).cpu()
                 for row, i in enumerate(indices):
                     n = samples[i].n_tokens
-                    row_values = [0.0, *values_cpu[row, : n - 1].tolist()]
-                    out[i] = [v if m else 0.0 for v, m in zip(row_values, samples[i].loss_mask, strict=True)]
+                    values = [0.0, *computed[row, : n - 1].tolist()]
+                    out[i] = [v if m else 0.0 for v, m in zip(values, samples[i].loss_mask, strict=True)]
         finally:
             self.model.train(was_training)
         return out
