@@ -53,7 +53,10 @@ class GRPOConfig(_Config):
             ``stale_decay ** (staleness - max_staleness)``).
         stale_decay: the per-version weight of ``reweight``, in ``(0, 1]``.
         gae_gamma / gae_lambda: discount per token and GAE's lambda of the ``gae`` estimator (PPO with a value head,
-            :mod:`agentbolt.algorithms.rl.ppo_gae`), in ``[0, 1]``.
+            :mod:`agentbolt.algorithms.rl.ppo_gae`), in ``[0, 1]``. Both default to 1 (verl's defaults for outcome
+            rewards): every generated token gets ``return - V(s)``. With ``lambda < 1`` and an untrained value head
+            the credit piles onto the last tokens of a rollout (measured on the calc agent with 0.95: the policy
+            learned to drop its tool call and guess the answer within one step).
     """
 
     steps: int = Field(default=4, ge=0)
@@ -78,7 +81,7 @@ class GRPOConfig(_Config):
     stale_policy: Literal["drop", "reweight"] = "drop"
     stale_decay: float = Field(default=0.5, gt=0, le=1)
     gae_gamma: float = Field(default=1.0, ge=0, le=1)
-    gae_lambda: float = Field(default=0.95, ge=0, le=1)
+    gae_lambda: float = Field(default=1.0, ge=0, le=1)
 
     @property
     def effective_max_staleness(self) -> int:

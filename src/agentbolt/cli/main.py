@@ -134,7 +134,7 @@ def run(
     ray_runners: int = typer.Option(
         0,
         help="fan out on Ray: this many runners, one Ray actor each (--concurrency and --exit-after apply to each; "
-        "--worker-id becomes their name prefix); 0: one runner in this process. Needs pip install 'agentbolt[ray]'",
+        "--worker-id becomes their name prefix); 0: one runner in this process. Needs pip install 'agentbolt\\[ray]'",
     ),
     ray_address: str | None = typer.Option(
         None, help="with --ray-runners: the Ray cluster to join ('auto', 'ray://host:10001'); default: a local Ray"

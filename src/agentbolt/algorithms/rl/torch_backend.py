@@ -113,8 +113,10 @@ class TorchTrainerConfig(BaseModel):
             LoRA gradients are the same as without it (tested to 1e-6 in float32). The ``lm_head`` + log-softmax
             chunks are always checkpointed, whatever this says.
         value_head: add a value head for PPO with GAE (the ``gae`` estimator): a float32 linear layer ``H -> 1``
-            on the decoder's last hidden state, shared backbone (the LoRA policy), zero-initialized, trained with
-            the LoRA parameters; see :meth:`TorchPolicyTrainer.values`.
+            on the policy's last hidden state, zero-initialized, in the same optimizer step. The hidden state is
+            detached, so the value loss trains the head alone and never moves the LoRA policy (a shared backbone
+            trained by both losses let the value gradient dominate the clipped norm); see
+            :meth:`TorchPolicyTrainer.values`.
         vf_coef: weight of the value loss ``0.5 * (V - return)^2``, averaged over the batch's trained tokens
             (PPO, Schulman et al. 2017, arXiv:1707.06347, eq. 9, ``c_1``); read only with ``value_head``.
     """
@@ -514,7 +516,8 @@ class TorchPolicyTrainer:
         hidden_NH = hidden[:, :-1][predicted]  # (N, H): the positions that predict a trained token
         value_out = None
         if values and self.value_head is not None:
-            value_N = self.value_head(hidden_NH.float()).squeeze(-1)  # (N,) float32
+            # detached: the value loss trains the head only, never the LoRA policy it reads (no interference)
+            value_N = self.value_head(hidden_NH.detach().float()).squeeze(-1)  # (N,) float32
             value_out = torch.zeros(predicted.shape, dtype=torch.float32, device=input_ids.device)
             value_out = value_out.masked_scatter(predicted, value_N)
         out = torch.zeros(predicted.shape, dtype=torch.float32, device=input_ids.device)

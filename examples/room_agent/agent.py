@@ -1,0 +1,236 @@
+"""The room agent: a plain ``openai`` tool loop with ``get_rooms_and_availability``, and its exact-match reward.
+
+Protocol of one rollout (:func:`run_episode`):
+    1. messages = [one user message: the ``prompt_template`` resource filled with the task's request fields];
+       the request carries ``tools=[ROOMS_TOOL]``.
+    2. While fewer than ``MAX_TOOL_CALLS`` tool calls were made, call the model. A reply with tool calls is appended,
+       each call is run by :func:`run_tool_call` and answered with a ``tool`` message (JSON, or ``Error: ...``).
+       A reply without tool calls is the final reply.
+    3. The choice is parsed from the final reply by :func:`parse_choice`.
+
+Reward: 1.0 when the parsed choice equals the task's ``expected_choice`` exactly (room names compared as written in
+``rooms.json``, "No Room" as is), else 0.0; emitted as ``emit_reward(value, name="correct")`` and returned.
+
+The baseline prompt (:data:`BASELINE_PROMPT`) only restates the request: it names no rule for choosing among free
+rooms and no answer format. That is what the optimizers are meant to improve.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from openai import OpenAI
+from openai.types.chat import ChatCompletion
+
+from agentbolt import LLM, PromptTemplate, emit_reward, rollout
+
+from .rooms import NO_ROOM, get_rooms_and_availability, room_ids
+from .tasks import Task
+
+MAX_TOOL_CALLS = 3
+DEFAULT_TEMPERATURE = 0.0
+DEFAULT_MAX_TOKENS = 256
+TOOL_NAME = "get_rooms_and_availability"
+PROMPT_RESOURCE = "prompt_template"
+"""The name of the prompt resource (and of the agent's parameter that receives it)."""
+
+BASELINE_PROMPT = (
+    "Book a meeting room on {date} at {time} for {duration_min} minutes for {attendees} people. "
+    "Needed equipment: {needs}. Accessible room required: {accessible_required}."
+)
+
+ROOMS_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": TOOL_NAME,
+        "description": "List every meeting room with its capacity, equipment, accessibility, walking distance and "
+        "whether it is free for the given slot.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "date": {"type": "string", "description": "YYYY-MM-DD"},
+                "time": {"type": "string", "description": "start time, HH:MM (24-hour)"},
+                "duration_min": {"type": "integer", "description": "length of the meeting in minutes"},
+            },
+            "required": ["date", "time", "duration_min"],
+        },
+    },
+}
+
+_LABEL_RE = re.compile(r"(?:final\s+)?(?:answer|choice|room|booking|booked)\s*[:：]\s*(.*)", re.IGNORECASE)
+_SAMPLING_KEYS = ("temperature", "max_tokens", "top_p", "seed")
+
+CreateCompletion = Callable[..., ChatCompletion]
+"""``client.chat.completions.create`` of a sync ``openai.OpenAI`` client, or a stand-in with the same contract."""
+
+
+@dataclass
+class Episode:
+    """One executed rollout: the conversation, the final reply and the parsed choice."""
+
+    messages: list[dict[str, Any]]
+    final_text: str | None
+    choice: str | None
+    tool_calls: int
+
+
+def run_tool_call(name: str | None, arguments: str | Mapping[str, object] | None) -> str:
+    """Run one tool call; returns the ``tool`` message text: the tool's JSON result, or ``Error: ...`` that says
+    what a correct call looks like (never raises)."""
+    usage = 'call get_rooms_and_availability with {"date": "YYYY-MM-DD", "time": "HH:MM", "duration_min": 30}'
+    if name != TOOL_NAME:
+        return f"Error: unknown tool {name!r}; {usage}"
+    if isinstance(arguments, Mapping):
+        parsed: object = dict(arguments)
+    else:
+        try:
+            parsed = json.loads(arguments or "")
+        except (json.JSONDecodeError, TypeError):
+            return f"Error: the arguments are not valid JSON; {usage}"
+    if not isinstance(parsed, dict):
+        return f"Error: the arguments must be a JSON object; {usage}"
+    duration = parsed.get("duration_min")
+    if isinstance(duration, str) and duration.strip().isdigit():
+        duration = int(duration.strip())
+    try:
+        result = get_rooms_and_availability(str(parsed.get("date", "")), str(parsed.get("time", "")), duration)  # type: ignore[arg-type]
+    except ValueError as exc:
+        return f"Error: {exc}; {usage}"
+    return json.dumps(result)
+
+
+def parse_choice(text: str | None) -> str | None:
+    """The room chosen in the agent's final reply: a room name as spelled in ``rooms.json``, ``"No Room"``, or
+    ``None``.
+
+    Rule: a mention is a room name (whole word, any case) or "no room" (also "no rooms", "no available room"). If
+    the reply has a labelled line (``Answer:``, ``Choice:``, ``Room:``, ``Final answer:``, ``Booked:``...), the
+    choice is the first mention after the last label (``"Answer: Atlas (not Pulse)"`` -> Atlas); otherwise, or when
+    nothing is mentioned there, the last mention in the whole reply (the conclusion of a reasoning).
+
+    Example:
+        >>> parse_choice("Lyra is taken, so I booked Nova.")
+        'Nova'
+        >>> parse_choice("Final answer: No Room")
+        'No Room'
+    """
+    if not text:
+        return None
+    labelled = list(_LABEL_RE.finditer(text))
+    scope = labelled[-1].group(1) if labelled else text
+    names = [*room_ids(), NO_ROOM]
+    pattern = re.compile(
+        r"\b(" + "|".join(re.escape(name) for name in room_ids()) + r"|no\s+(?:available\s+)?rooms?)\b", re.IGNORECASE
+    )
+    in_label = list(pattern.finditer(scope)) if labelled else []
+    if in_label:
+        found = in_label[0].group(1)
+    else:
+        matches = list(pattern.finditer(text))
+        if not matches:
+            return None
+        found = matches[-1].group(1)
+    return next((name for name in names if name.lower() == found.lower()), NO_ROOM)
+
+
+def compute_reward(choice: str | None, task: Task) -> float:
+    """1.0 when ``choice`` is exactly the task's ``expected_choice``, else 0.0."""
+    return 1.0 if choice is not None and choice == task["expected_choice"] else 0.0
+
+
+def feedback(choice: str | None, task: Task) -> str:
+    """One sentence about the outcome, for the prompt optimizer (GEPA's textual feedback)."""
+    expected = task["expected_choice"]
+    if choice == expected:
+        return f"Correct: {expected}."
+    answered = "no recognisable room name" if choice is None else choice
+    return f"Wrong: the expected choice was {expected}, the agent answered {answered}."
+
+
+def sampling_kwargs(sampling_parameters: Mapping[str, object]) -> dict[str, object]:
+    """Request keyword arguments from ``LLM.sampling_parameters``: temperature (default 0.0), max_tokens (256), and
+    top_p / seed when given. Other keys are ignored."""
+    kwargs: dict[str, object] = {"temperature": DEFAULT_TEMPERATURE, "max_tokens": DEFAULT_MAX_TOKENS}
+    kwargs.update({key: sampling_parameters[key] for key in _SAMPLING_KEYS if key in sampling_parameters})
+    return kwargs
+
+
+def render_prompt(template: str, task: Task) -> str:
+    """Fill the prompt template with the task's request fields (``needs`` joined with ", ", ``"none"`` if empty;
+    ``accessible_required`` as ``yes``/``no``).
+
+    Raises:
+        KeyError: the template has a placeholder that is not a request field.
+    """
+    values = {
+        "date": task["date"],
+        "time": task["time"],
+        "duration_min": task["duration_min"],
+        "attendees": task["attendees"],
+        "needs": ", ".join(task["needs"]) or "none",
+        "accessible_required": "yes" if task["accessible_required"] else "no",
+    }
+    return PromptTemplate(template=template).format(**values)
+
+
+def run_episode(
+    create: CreateCompletion, task: Task, *, model: str, prompt: str, sampling: Mapping[str, object]
+) -> Episode:
+    """Run the protocol of the module docstring with ``prompt`` (the template text) and return the episode."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": render_prompt(prompt, task)}]
+    final_text: str | None = None
+    tool_calls = 0
+    while tool_calls < MAX_TOOL_CALLS:
+        message = create(model=model, messages=messages, tools=[ROOMS_TOOL], **sampling).choices[0].message
+        calls = message.tool_calls or []
+        if not calls:
+            final_text = message.content
+            messages.append({"role": "assistant", "content": final_text})
+            break
+        messages.append(_assistant_message(message.content, calls))
+        for call in calls:
+            function = getattr(call, "function", None)
+            if tool_calls >= MAX_TOOL_CALLS:
+                result = "Error: no tool calls left; reply with your choice"
+            else:
+                result = run_tool_call(getattr(function, "name", None), getattr(function, "arguments", None))
+                tool_calls += 1
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+    return Episode(messages=messages, final_text=final_text, choice=parse_choice(final_text), tool_calls=tool_calls)
+
+
+@rollout
+def room_agent(task: Task, llm: LLM, prompt_template: PromptTemplate) -> float:
+    """The ``@rollout`` agent: resources ``llm`` and ``prompt_template`` (see :data:`PROMPT_RESOURCE`)."""
+    client = OpenAI(base_url=llm.endpoint, api_key="agentbolt", max_retries=0)
+    try:
+        episode = run_episode(
+            client.chat.completions.create,
+            task,
+            model=llm.model,
+            prompt=prompt_template.template,
+            sampling=sampling_kwargs(llm.sampling_parameters),
+        )
+    finally:
+        client.close()
+    reward = compute_reward(episode.choice, task)
+    emit_reward(reward, name="correct")
+    return reward
+
+
+def _assistant_message(content: str | None, calls: list[Any]) -> dict[str, Any]:
+    tool_calls = []
+    for call in calls:
+        function = getattr(call, "function", None)
+        tool_calls.append(
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": getattr(function, "name", ""), "arguments": getattr(function, "arguments", "")},
+            }
+        )
+    return {"role": "assistant", "content": content, "tool_calls": tool_calls}

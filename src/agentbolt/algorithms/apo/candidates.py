@@ -1,0 +1,218 @@
+"""What APO and GEPA share: publishing a candidate as a resources version, asking the evaluator once per
+(candidate, mode, task), and checking the prompts the optimizer LLM proposes.
+
+Resources version of a candidate (:meth:`CandidatePublisher.publish`): the base resources (e.g. ``{"llm": LLM}``)
+plus one :class:`~agentbolt.types.PromptTemplate` per prompt name, with metadata
+``{"algorithm", "round", "origin", "parent_resources_ids", "prompt_names", **run_metadata}``.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agentbolt.store.base import LightningStore
+from agentbolt.types import PromptTemplate, Resource, RolloutMode
+
+from .types import Candidate, Evaluator, TaskInput, TaskResult, Usage, task_id_of
+
+_PROMPT_BLOCK_RE = re.compile(r"<prompt>(.*?)</prompt>", re.DOTALL | re.IGNORECASE)
+_OPEN_TAG_RE = re.compile(r"<prompt>", re.IGNORECASE)
+_FENCE_RE = re.compile(r"^```[A-Za-z]*\n(.*?)\n?```$", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """One step of an optimization, for progress bars and logs.
+
+    Attributes:
+        algorithm: ``"apo"`` or ``"gepa"``.
+        round_index: the APO round or GEPA iteration (1-based; 0 for the seed's evaluation).
+        rounds: the planned number of rounds or iterations.
+        phase: what just finished: ``"seed"``, ``"round"`` (APO), ``"iteration"`` (GEPA).
+        best_val_score: the best mean validation reward so far.
+        rollouts: rollouts used so far.
+        message: one line for a human (what was proposed, accepted or rejected).
+    """
+
+    algorithm: str
+    round_index: int
+    rounds: int
+    phase: str
+    best_val_score: float
+    rollouts: int
+    message: str = ""
+
+
+ProgressCallback = Callable[[ProgressEvent], None]
+
+
+class CandidatePublisher:
+    """Writes each candidate as a new, immutable resources version and returns it as a :class:`Candidate`."""
+
+    def __init__(
+        self,
+        store: LightningStore,
+        *,
+        algorithm: str,
+        base_resources: Mapping[str, Resource] | None = None,
+        run_metadata: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.store = store
+        self.algorithm = algorithm
+        self.base_resources = dict(base_resources or {})
+        self.run_metadata = dict(run_metadata or {})
+
+    async def publish(
+        self,
+        prompts: Mapping[str, str],
+        *,
+        origin: str,
+        round_index: int,
+        parent_ids: Sequence[str] = (),
+        extra_metadata: Mapping[str, Any] | None = None,
+    ) -> Candidate:
+        """Add the resources version of ``prompts`` (see the module docstring) and return the candidate.
+
+        Raises:
+            ConfigError: a prompt name collides with a base resource name.
+        """
+        from agentbolt.errors import ConfigError
+
+        clash = sorted(set(prompts) & set(self.base_resources))
+        if clash:
+            raise ConfigError(f"prompt name(s) {clash} are also base resource names; rename the prompt resources")
+        resources: dict[str, Resource] = dict(self.base_resources)
+        resources.update({name: PromptTemplate(template=text) for name, text in prompts.items()})
+        metadata = {
+            **self.run_metadata,
+            "algorithm": self.algorithm,
+            "round": round_index,
+            "origin": origin,
+            "parent_resources_ids": list(parent_ids),
+            "prompt_names": sorted(prompts),
+            **(extra_metadata or {}),
+        }
+        update = await self.store.add_resources(resources, metadata=metadata)
+        return Candidate(
+            candidate_id=update.resources_id,
+            prompts=dict(prompts),
+            parent_ids=tuple(parent_ids),
+            origin=origin,
+            round_index=round_index,
+        )
+
+
+class EvaluationBook:
+    """Asks the evaluator for each (candidate, mode, task) once and remembers the result; counts rollouts."""
+
+    def __init__(self, evaluator: Evaluator, usage: Usage) -> None:
+        self.evaluator = evaluator
+        self.usage = usage
+        self._results: dict[tuple[str, str, str], TaskResult] = {}
+
+    async def evaluate(self, candidate: Candidate, tasks: Sequence[TaskInput], mode: RolloutMode) -> list[TaskResult]:
+        """Results of ``candidate`` on ``tasks`` in task order; only tasks not yet run in ``mode`` reach the
+        evaluator.
+
+        Raises:
+            ValueError: the evaluator returned a different number of results, or other task ids, than asked.
+        """
+        ids = [task_id_of(task) for task in tasks]
+        missing = [
+            task
+            for task, task_id in zip(tasks, ids, strict=True)
+            if self._key(candidate, mode, task_id) not in self._results
+        ]
+        if missing:
+            results = await self.evaluator(candidate, missing, mode=mode)
+            asked = [task_id_of(task) for task in missing]
+            got = [result.task_id for result in results]
+            if got != asked:
+                raise ValueError(
+                    f"the evaluator must return one result per task in task order; asked for {asked}, got {got}"
+                )
+            self.usage.rollouts += len(results)
+            for result in results:
+                self._results[self._key(candidate, mode, result.task_id)] = result
+        return [self._results[self._key(candidate, mode, task_id)] for task_id in ids]
+
+    async def scores(self, candidate: Candidate, tasks: Sequence[TaskInput], mode: RolloutMode) -> dict[str, float]:
+        """``task_id -> reward`` of ``candidate`` on ``tasks`` (see :meth:`evaluate`)."""
+        return {result.task_id: result.reward for result in await self.evaluate(candidate, tasks, mode)}
+
+    @staticmethod
+    def _key(candidate: Candidate, mode: RolloutMode, task_id: str) -> tuple[str, str, str]:
+        return (candidate.candidate_id, str(mode), task_id)
+
+
+def extract_prompt(reply: str, *, allow_bare: bool) -> str | None:
+    """The prompt text in an optimizer reply, stripped; ``None`` when there is none.
+
+    Rule, first that applies: the last complete ``<prompt>...</prompt>`` block; the text after the last unclosed
+    ``<prompt>`` (a reply cut by ``max_tokens``); with ``allow_bare`` (the edit template asks for the prompt only),
+    the whole reply without a surrounding Markdown code fence. An empty result is ``None``.
+    """
+    blocks = _PROMPT_BLOCK_RE.findall(reply)
+    if blocks:
+        text = blocks[-1]
+    else:
+        opens = list(_OPEN_TAG_RE.finditer(reply))
+        if opens:
+            text = reply[opens[-1].end() :]
+        elif allow_bare:
+            text = reply
+        else:
+            return None
+    text = text.strip()
+    fenced = _FENCE_RE.match(text)
+    if fenced:
+        text = fenced.group(1).strip()
+    return text or None
+
+
+def template_fields(text: str) -> frozenset[str] | None:
+    """The ``str.format`` field names of ``text`` (``"{date} at {time}"`` -> ``{"date", "time"}``), or ``None`` when
+    ``PromptTemplate.format(**values)`` could not fill it: unbalanced braces, or a positional field (``{}``, ``{0}``).
+    ``{a.b}`` and ``{a[0]}`` count as field ``a``."""
+    try:
+        parsed = list(string.Formatter().parse(text))
+    except ValueError:
+        return None
+    names: set[str] = set()
+    for _, field_name, _, _ in parsed:
+        if field_name is None:
+            continue
+        base = re.split(r"[.\[]", field_name, maxsplit=1)[0]
+        if not base or base.isdigit():
+            return None
+        names.add(base)
+    return frozenset(names)
+
+
+def placeholder_list(text: str) -> str:
+    """The placeholders of ``text`` as written in a template (``"{date}, {time}"``), or ``"none"``."""
+    fields = template_fields(text) or frozenset()
+    return ", ".join("{" + name + "}" for name in sorted(fields)) if fields else "none"
+
+
+def rejection_reason(parent_text: str, new_text: str | None, seen_texts: Iterable[str]) -> str | None:
+    """Why a proposed prompt is unusable, or ``None`` when it is usable.
+
+    Rules: it must exist (non-empty), differ from every text already tried for that prompt name, and have exactly the
+    parent's ``str.format`` fields (:func:`template_fields`), so the agent can still fill it.
+    """
+    if new_text is None:
+        return "no prompt in the reply"
+    if new_text in set(seen_texts):
+        return "same as a prompt already tried"
+    fields = template_fields(new_text)
+    if fields is None:
+        return "braces that str.format cannot fill"
+    expected = template_fields(parent_text) or frozenset()
+    if fields != expected:
+        return f"placeholders changed from {sorted(expected)} to {sorted(fields)}"
+    return None

@@ -1,0 +1,261 @@
+"""APO beam search on a scripted world: bookkeeping, one resources version per candidate, the optimizer call cache,
+template overrides. No model: the evaluator and the optimizer are deterministic scripts written for these tests.
+
+The scripted world: task ``k`` of kind ``n`` scores 1.0 when the prompt contains ``rule<n>``, else 0.0; the trace's
+feedback says ``needs rule<n>``. The scripted optimizer's critique names the rule of the first trace it is shown
+(``missing: rule<n>``) and its edit appends ``rule<n> v<variant>`` to the prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+from openai.types.chat import ChatCompletion
+
+from agentbolt.algorithms.apo import (
+    APOConfig,
+    CallCache,
+    Candidate,
+    OptimizerLLM,
+    TaskResult,
+    TemplateOverride,
+    Trace,
+    call_key,
+    load_templates,
+    optimize_apo,
+)
+from agentbolt.errors import ConfigError
+from agentbolt.store.memory import InMemoryLightningStore
+from agentbolt.types import LLM, PromptTemplate, RolloutMode
+
+TASKS = [
+    {"task_id": "t0", "kind": 1},
+    {"task_id": "t1", "kind": 2},
+    {"task_id": "t2", "kind": 1},
+    {"task_id": "t3", "kind": 3},
+]
+SEED = "Book a room at {time}."
+
+
+def completion(text: str) -> ChatCompletion:
+    return ChatCompletion.model_validate(
+        {
+            "id": "c",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "scripted",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+        }
+    )
+
+
+class ScriptedOptimizer:
+    """Answers critique and edit requests of the shipped templates deterministically; records every request."""
+
+    def __init__(self, *, edit_suffix: str = "") -> None:
+        self.requests: list[str] = []
+        self.edit_suffix = edit_suffix
+
+    async def create(self, *, model: str, messages: list[dict[str, str]], **params: object) -> ChatCompletion:
+        request = messages[0]["content"]
+        self.requests.append(request)
+        if "<critique>" in request:
+            prompt = re.search(r"<prompt>\n(.*?)\n</prompt>", request, re.DOTALL)
+            rule = re.search(r"missing: (rule\d)", request)
+            variant = re.search(r"version (\d+)\s+of", request)
+            assert prompt and rule and variant
+            return completion(
+                f"<prompt>{prompt.group(1)} {rule.group(1)} v{variant.group(1)}{self.edit_suffix}</prompt>"
+            )
+        rule = re.search(r"Feedback: needs (rule\d)", request)
+        return completion(f"- missing: {rule.group(1) if rule else 'rule9'}")
+
+
+class ScriptedEvaluator:
+    """Scores a candidate by the rules its prompt contains; records (candidate, task ids, mode) of each call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[str], RolloutMode]] = []
+
+    async def __call__(
+        self, candidate: Candidate, tasks: Sequence[Mapping[str, object]], *, mode: RolloutMode
+    ) -> list[TaskResult]:
+        ids = [str(task["task_id"]) for task in tasks]
+        self.calls.append((candidate.candidate_id, ids, mode))
+        prompt = candidate.prompts["prompt_template"]
+        results = []
+        for task in tasks:
+            rule = f"rule{task['kind']}"
+            reward = 1.0 if rule in prompt else 0.0
+            messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": "Nova"}]
+            trace = Trace(messages=messages, answer="Nova", feedback=f"needs {rule}")
+            results.append(TaskResult(str(task["task_id"]), reward, trace, rollout_id=f"ro-{candidate.candidate_id}"))
+        return results
+
+
+def run_apo(config: APOConfig, optimizer: OptimizerLLM, evaluator: ScriptedEvaluator):
+    async def main():
+        store = InMemoryLightningStore()
+        try:
+            result = await optimize_apo(
+                config,
+                seed_prompts={"prompt_template": SEED},
+                train_tasks=TASKS,
+                val_tasks=TASKS,
+                store=store,
+                evaluator=evaluator,
+                optimizer=optimizer,
+                base_resources={"llm": LLM(endpoint="http://127.0.0.1:1/v1", model="m")},
+                run_metadata={"run_id": "test"},
+            )
+            versions = await store.query_resources()
+        finally:
+            await store.close()
+        return result, versions
+
+    return asyncio.run(main())
+
+
+CONFIG = APOConfig(rounds=2, beam_width=2, branch_factor=2, train_batch_size=10, worst_k=1)
+
+
+def test_beam_bookkeeping_on_a_scripted_optimizer() -> None:
+    script = ScriptedOptimizer()
+    optimizer = OptimizerLLM(script.create, model="scripted", sampling={"temperature": 0.7})
+    evaluator = ScriptedEvaluator()
+    result, _ = run_apo(CONFIG, optimizer, evaluator)
+
+    by_prompt = {c.candidate.prompts["prompt_template"]: c for c in result.candidates}
+    # Round 1: the seed's worst trace is t0 (all 0.0, batch order), so both branches add rule1: val 2/4.
+    # Round 2: each of the two rule1 candidates gets rule2 (t1 is its first failure) twice: val 3/4.
+    expected = {
+        SEED: 0.0,
+        f"{SEED} rule1 v1": 0.5,
+        f"{SEED} rule1 v2": 0.5,
+        f"{SEED} rule1 v1 rule2 v1": 0.75,
+        f"{SEED} rule1 v1 rule2 v2": 0.75,
+        f"{SEED} rule1 v2 rule2 v1": 0.75,
+        f"{SEED} rule1 v2 rule2 v2": 0.75,
+    }
+    assert {text: c.val_score for text, c in by_prompt.items()} == expected
+    assert [c.candidate.round_index for c in result.candidates] == [0, 1, 1, 2, 2, 2, 2]
+    # Ties go to the older candidate: the best is the first 0.75 one, made from the first beam member.
+    assert result.best.candidate.prompts["prompt_template"] == f"{SEED} rule1 v1 rule2 v1"
+    assert result.best.candidate.parent_ids == (by_prompt[f"{SEED} rule1 v1"].candidate.candidate_id,)
+    assert result.seed.val_score == 0.0
+    # Calls: 2 per (beam member, branch): round 1 has 1 x 2, round 2 has 2 x 2.
+    assert result.usage.optimizer_calls == 12 == len(script.requests)
+    assert result.usage.cache_hits == 0
+    # Rollouts: seed val 4; round 1 seed train 4 + 2 children val 8; round 2 beam train 8 + 4 children val 16.
+    assert result.usage.rollouts == 40
+    assert sum(len(ids) for _, ids, _ in evaluator.calls) == 40
+    # A candidate never runs twice on the same task in the same mode.
+    seen = [(cid, task_id, mode) for cid, ids, mode in evaluator.calls for task_id in ids]
+    assert len(seen) == len(set(seen))
+
+
+def test_one_resources_version_per_candidate() -> None:
+    script = ScriptedOptimizer()
+    evaluator = ScriptedEvaluator()
+    result, versions = run_apo(CONFIG, OptimizerLLM(script.create, model="scripted"), evaluator)
+
+    assert [v.resources_id for v in versions] == [c.candidate.candidate_id for c in result.candidates]
+    by_id = {v.resources_id: v for v in versions}
+    for scored in result.candidates:
+        version = by_id[scored.candidate.candidate_id]
+        template = version.resources["prompt_template"]
+        assert isinstance(template, PromptTemplate)
+        assert template.template == scored.candidate.prompts["prompt_template"]
+        assert isinstance(version.resources["llm"], LLM)
+        assert version.metadata["algorithm"] == "apo"
+        assert version.metadata["round"] == scored.candidate.round_index
+        assert version.metadata["parent_resources_ids"] == list(scored.candidate.parent_ids)
+        assert version.metadata["run_id"] == "test"
+    # Every evaluation ran under an existing resources version (the id the evaluator enqueues with).
+    assert {cid for cid, _, _ in evaluator.calls} <= set(by_id)
+
+
+def test_rerun_replays_optimizer_from_cache(tmp_path: Path) -> None:
+    first = ScriptedOptimizer()
+    run_apo(CONFIG, OptimizerLLM(first.create, model="scripted", cache=CallCache(tmp_path)), ScriptedEvaluator())
+    second = ScriptedOptimizer()
+    optimizer = OptimizerLLM(second.create, model="scripted", cache=CallCache(tmp_path))
+    result, _ = run_apo(CONFIG, optimizer, ScriptedEvaluator())
+    assert second.requests == []
+    assert result.usage.optimizer_calls == result.usage.cache_hits == 12
+
+
+def test_repeated_call_is_a_cache_hit(tmp_path: Path) -> None:
+    script = ScriptedOptimizer()
+    optimizer = OptimizerLLM(script.create, model="m", sampling={"temperature": 0.5}, cache=CallCache(tmp_path))
+
+    async def main() -> list[str]:
+        return [
+            await optimizer.complete("Feedback: needs rule1"),
+            await optimizer.complete("Feedback: needs rule1"),
+            await optimizer.complete("Feedback: needs rule1", sample_index=1),
+        ]
+
+    replies = asyncio.run(main())
+    assert replies == ["- missing: rule1"] * 3
+    assert (optimizer.calls, optimizer.cache_hits, len(script.requests)) == (3, 1, 2)
+    messages = [{"role": "user", "content": "x"}]
+    assert call_key("m", messages, {"temperature": 0.5}) == call_key("m", messages, {"temperature": 0.5})
+    assert call_key("m", messages, {"temperature": 0.5}) != call_key("m", messages, {"temperature": 0.6})
+    assert call_key("m", messages, {}) != call_key("other", messages, {})
+
+
+def test_edits_that_change_placeholders_are_rejected() -> None:
+    script = ScriptedOptimizer(edit_suffix=" {room}")
+    result, versions = run_apo(
+        APOConfig(rounds=1, branch_factor=2, worst_k=1), OptimizerLLM(script.create, model="m"), ScriptedEvaluator()
+    )
+    assert result.usage.rejected_edits == 2
+    assert len(versions) == len(result.candidates) == 1
+    assert result.best.candidate.prompts["prompt_template"] == SEED
+
+
+def test_template_override_from_config_text_and_path(tmp_path: Path) -> None:
+    critique_file = tmp_path / "critique.md"
+    critique_file.write_text("FILE CRITIQUE of {prompt}\n{traces}\n", encoding="utf-8")
+    config = APOConfig.model_validate(
+        {
+            "rounds": 1,
+            "branch_factor": 1,
+            "worst_k": 1,
+            "templates": {"critique": {"path": str(critique_file)}, "edit": {"text": EDIT_OVERRIDE}},
+        }
+    )
+    script = ScriptedOptimizer()
+    result, _ = run_apo(config, OptimizerLLM(script.create, model="m"), ScriptedEvaluator())
+    assert script.requests[0].startswith("FILE CRITIQUE of Book a room at {time}.")
+    assert script.requests[1].startswith("CUSTOM EDIT")
+    assert result.best.val_score == 0.5
+
+    relative = load_templates({"critique": TemplateOverride(path="critique.md")}, base_dir=tmp_path)
+    assert relative.texts["critique"].startswith("FILE CRITIQUE")
+    assert "<critique>" in load_templates().texts["edit"]  # the shipped file, read from the package
+
+
+EDIT_OVERRIDE = "CUSTOM EDIT\n<prompt>\n{prompt}\n</prompt>\n<critique>{critique}</critique> version {variant} of"
+
+
+def test_bad_template_overrides_fail_with_a_message(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"lacks the placeholder\(s\) \{traces\}"):
+        load_templates({"critique": TemplateOverride(text="only {prompt}")})
+    with pytest.raises(ConfigError, match="unknown optimizer template 'gradient'"):
+        load_templates({"gradient": TemplateOverride(text="{prompt}")})
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_templates({"edit": TemplateOverride(path=str(tmp_path / "missing.md"))})
+    with pytest.raises(ValueError, match="exactly one of 'path' or 'text'"):
+        TemplateOverride(path="a.md", text="b")
+
+
+def test_rendering_leaves_other_braces_and_inserted_text_alone() -> None:
+    templates = load_templates({"critique": TemplateOverride(text='{prompt} {"json": 1} {traces} {unknown}')})
+    rendered = templates.render("critique", prompt="P {time}", traces="T {prompt}")
+    assert rendered == 'P {time} {"json": 1} T {prompt} {unknown}'

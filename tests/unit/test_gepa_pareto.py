@@ -1,0 +1,205 @@
+"""The reflective Pareto optimizer: the front rule on hand-made scores, weighted selection, lineage, merge, and a
+run over two named prompts on a scripted world (no model).
+
+Scripted world: task ``(name, n)`` scores 1.0 when prompt ``name`` contains ``rule<n>``; its feedback says
+``needs <name>:rule<n>``. The scripted reflection adds to the named prompt the first rule the feedback asks of it
+that the prompt lacks (no ``<prompt>`` block, so no candidate, when there is none).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from openai.types.chat import ChatCompletion
+
+from agentbolt.algorithms.apo import (
+    Candidate,
+    GEPAConfig,
+    OptimizerLLM,
+    TaskResult,
+    Trace,
+    merge_prompts,
+    optimize_gepa,
+    pareto_front,
+    select_for_mutation,
+)
+from agentbolt.algorithms.apo.pareto import ancestors
+from agentbolt.store.sqlite import SqliteLightningStore
+from agentbolt.types import PromptTemplate, RolloutMode
+
+
+def test_front_keeps_every_candidate_best_on_some_task_ties_included() -> None:
+    scores = {
+        "a": {"t1": 1.0, "t2": 0.0, "t3": 0.0},
+        "b": {"t1": 1.0, "t2": 0.5, "t3": 0.0},  # ties a on t1
+        "c": {"t1": 0.0, "t2": 0.5, "t3": 0.0},  # ties b on t2
+        "d": {"t1": 0.5, "t2": 0.25, "t3": 0.0},
+    }
+    # t3: everyone ties at 0.0, so all four win it and stay.
+    assert pareto_front(scores) == {
+        "a": frozenset({"t1", "t3"}),
+        "b": frozenset({"t1", "t2", "t3"}),
+        "c": frozenset({"t2", "t3"}),
+        "d": frozenset({"t3"}),
+    }
+    without_t3 = {name: {t: s for t, s in by_task.items() if t != "t3"} for name, by_task in scores.items()}
+    assert pareto_front(without_t3) == {"a": frozenset({"t1"}), "b": frozenset({"t1", "t2"}), "c": frozenset({"t2"})}
+
+
+def test_best_mean_can_be_off_the_front_and_missing_scores_do_not_compete() -> None:
+    assert list(
+        pareto_front({"A": {"t1": 1.0, "t2": 0.0}, "B": {"t1": 0.0, "t2": 1.0}, "C": {"t1": 0.9, "t2": 0.9}})
+    ) == [
+        "A",
+        "B",
+    ]
+    assert pareto_front({"x": {"t1": 0.2}, "y": {"t2": 0.1}}) == {"x": frozenset({"t1"}), "y": frozenset({"t2"})}
+    assert pareto_front({}) == {}
+
+
+def test_selection_is_weighted_by_tasks_won() -> None:
+    rng = random.Random(0)
+    counts = Counter(
+        select_for_mutation({"one": frozenset({"t1"}), "three": frozenset({"t2", "t3", "t4"})}, rng)
+        for _ in range(4000)
+    )
+    assert abs(counts["three"] / 4000 - 0.75) < 0.03
+
+
+def test_ancestors_and_merge_take_the_changed_prompt() -> None:
+    parents = {"s": (), "x": ("s",), "y": ("s",), "z": ("x", "y")}
+    assert ancestors("z", parents) == {"s", "x", "y"}
+    assert ancestors("s", parents) == set()
+    ancestor = {"plan": "P0", "answer": "A0", "check": "C0"}
+    first = {"plan": "P1", "answer": "A0", "check": "C1"}
+    second = {"plan": "P0", "answer": "A2", "check": "C2"}
+    assert merge_prompts(ancestor, first, second, prefer_first=True) == {"plan": "P1", "answer": "A2", "check": "C1"}
+    assert merge_prompts(ancestor, first, second, prefer_first=False) == {"plan": "P1", "answer": "A2", "check": "C2"}
+
+
+TASKS = [
+    {"task_id": "t0", "prompt": "plan", "rule": 1},
+    {"task_id": "t1", "prompt": "answer", "rule": 2},
+    {"task_id": "t2", "prompt": "plan", "rule": 3},
+    {"task_id": "t3", "prompt": "answer", "rule": 4},
+]
+
+
+def completion(text: str) -> ChatCompletion:
+    return ChatCompletion.model_validate(
+        {
+            "id": "c",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "scripted",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+        }
+    )
+
+
+async def scripted_reflection(*, model: str, messages: list[dict[str, str]], **params: object) -> ChatCompletion:
+    request = messages[0]["content"]
+    name_match = re.search(r'Its name is "(\w+)"', request)
+    prompt_match = re.search(r"<prompt>\n(.*?)\n</prompt>", request, re.DOTALL)
+    assert name_match and prompt_match
+    name, prompt = name_match.group(1), prompt_match.group(1)
+    for rule in re.findall(rf"needs {name}:(rule\d)", request):
+        if rule not in prompt:
+            return completion(f"The feedback asks for {rule}.\n<prompt>{prompt} {rule}</prompt>")
+    return completion("Nothing to change.")
+
+
+async def scripted_evaluator(
+    candidate: Candidate, tasks: Sequence[Mapping[str, object]], *, mode: RolloutMode
+) -> list[TaskResult]:
+    results = []
+    for task in tasks:
+        name, rule = str(task["prompt"]), f"rule{task['rule']}"
+        reward = 1.0 if rule in candidate.prompts[name] else 0.0
+        trace = Trace(messages=[{"role": "user", "content": "book"}], answer="x", feedback=f"needs {name}:{rule}")
+        results.append(TaskResult(str(task["task_id"]), reward, trace))
+    return results
+
+
+def test_gepa_run_over_two_named_prompts(tmp_path: Path) -> None:
+    config = GEPAConfig(max_iterations=12, minibatch_size=4, merge_subsample_size=4, seed=0)
+    optimizer = OptimizerLLM(scripted_reflection, model="scripted")
+
+    async def main():
+        store = SqliteLightningStore(tmp_path / "store.db")
+        try:
+            result = await optimize_gepa(
+                config,
+                seed_prompts={"plan": "Plan {time}.", "answer": "Answer."},
+                train_tasks=TASKS,
+                val_tasks=TASKS,
+                store=store,
+                evaluator=scripted_evaluator,
+                optimizer=optimizer,
+            )
+            versions = await store.query_resources()
+        finally:
+            await store.close()
+        return result, versions
+
+    result, versions = asyncio.run(main())
+
+    # Every proposed candidate, accepted or not, is one resources version holding both named prompts.
+    assert [v.resources_id for v in versions] == [c.candidate.candidate_id for c in result.candidates]
+    for version, scored in zip(versions, result.candidates, strict=True):
+        assert version.metadata["algorithm"] == "gepa"
+        assert version.metadata["origin"] == scored.candidate.origin
+        assert version.metadata["parent_resources_ids"] == list(scored.candidate.parent_ids)
+        for name in ("plan", "answer"):
+            resource = version.resources[name]
+            assert isinstance(resource, PromptTemplate)
+            assert resource.template == scored.candidate.prompts[name]
+    # Both prompts were mutated, placeholders kept, and the search solved every validation task.
+    assert result.best.val_score == 1.0
+    assert "{time}" in result.best.candidate.prompts["plan"]
+    assert {c.candidate.origin for c in result.candidates} >= {"seed", "reflect"}
+    accepted = [c for c in result.candidates if c.accepted]
+    assert all(set(c.val_scores) == {"t0", "t1", "t2", "t3"} for c in accepted)
+    assert all(c.val_scores == {} for c in result.candidates if not c.accepted)
+    # Pinned trajectory (seed 0): plan+rule1, answer+rule2, their merge, then rule3/rule4, and a second merge.
+    assert [c.candidate.origin for c in result.candidates] == [
+        "seed", "reflect", "reflect", "merge", "reflect", "reflect", "merge",
+    ]  # fmt: skip
+    # A merge combines two accepted candidates that share an ancestor, taking each one's changed prompt.
+    first_merge = result.candidates[3].candidate
+    assert set(first_merge.parent_ids) == {
+        result.candidates[1].candidate.candidate_id,
+        result.candidates[2].candidate.candidate_id,
+    }
+    assert dict(first_merge.prompts) == {"plan": "Plan {time}. rule1", "answer": "Answer. rule2"}
+    assert versions[3].metadata["ancestor_resources_id"] == result.candidates[0].candidate.candidate_id
+    assert result.usage.optimizer_calls >= len([c for c in result.candidates if c.candidate.origin == "reflect"])
+    assert result.usage.rollouts > 0
+
+
+def test_gepa_stops_at_the_rollout_budget() -> None:
+    from agentbolt.store.memory import InMemoryLightningStore
+
+    async def main():
+        store = InMemoryLightningStore()
+        try:
+            return await optimize_gepa(
+                GEPAConfig(max_iterations=50, max_rollouts=10, minibatch_size=2),
+                seed_prompts={"plan": "Plan.", "answer": "Answer."},
+                train_tasks=TASKS,
+                val_tasks=TASKS,
+                store=store,
+                evaluator=scripted_evaluator,
+                optimizer=OptimizerLLM(scripted_reflection, model="scripted"),
+            )
+        finally:
+            await store.close()
+
+    result = asyncio.run(main())
+    # Seed val 4; no iteration starts at >= 10, and one iteration uses at most 2 + 2 + 4 rollouts.
+    assert 10 <= result.usage.rollouts <= 10 + 8
