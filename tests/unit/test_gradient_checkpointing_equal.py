@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from tiny_models import tiny_qwen2
 
 from agentbolt.algorithms.rl.samples import TrainingSample
 from agentbolt.algorithms.rl.torch_backend import TorchPolicyTrainer, TorchTrainerConfig, attach_lora
@@ -24,22 +25,7 @@ VOCAB = 97
 
 
 def _tiny_model() -> Any:
-    from transformers import AutoModelForCausalLM, Qwen2Config
-
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config).to(torch.float32)
-    model.eval()
-    return model
+    return tiny_qwen2(VOCAB)
 
 
 def _samples() -> list[TrainingSample]:

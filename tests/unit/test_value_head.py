@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from tiny_models import tiny_qwen2
 
 from agentbolt.algorithms.rl.samples import TrainingSample
 from agentbolt.algorithms.rl.torch_backend import TorchPolicyTrainer, TorchTrainerConfig, attach_lora
@@ -17,20 +18,7 @@ VOCAB = 61
 
 
 def _trainer(**overrides: Any) -> TorchPolicyTrainer:
-    from transformers import AutoModelForCausalLM, Qwen2Config
-
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config).to(torch.float32).eval()
+    model = tiny_qwen2(VOCAB, max_positions=64)
     settings = TorchTrainerConfig(**{"learning_rate": 1e-2, "micro_batch_tokens": 16, **overrides})
     return TorchPolicyTrainer(attach_lora(model, settings), settings, pad_token_id=0)
 
