@@ -66,12 +66,11 @@ class WeightSwapGate:
         self.stats = SwapStats()
         self._open = asyncio.Event()
         self._open.set()
-        self._swapping = False
 
     @property
     def swapping_now(self) -> bool:
         """True while a swap runs."""
-        return self._swapping
+        return not self._open.is_set()
 
     async def admit(self) -> float:
         """Return at once when no swap runs; otherwise wait until it ends.
@@ -107,9 +106,8 @@ class WeightSwapGate:
         Raises:
             ConfigError: a swap is already running (swaps do not nest).
         """
-        if self._swapping:
+        if not self._open.is_set():
             raise ConfigError("a weight swap is already running; swaps do not nest")
-        self._swapping = True
         self._open.clear()
         start = time.monotonic()
         try:
@@ -117,5 +115,4 @@ class WeightSwapGate:
         finally:
             self.stats.swaps += 1
             self.stats.swap_s += time.monotonic() - start
-            self._swapping = False
             self._open.set()
