@@ -9,7 +9,9 @@ Protocol of one rollout (:func:`run_episode`):
     3. The choice is parsed from the final reply by :func:`parse_choice`.
 
 Reward: 1.0 when the parsed choice equals the task's ``expected_choice`` exactly (room names compared as written in
-``rooms.json``, "No Room" as is), else 0.0; emitted as ``emit_reward(value, name="correct")`` and returned.
+``rooms.json``, "No Room" as is), else 0.0; emitted as ``emit_reward(value, name="correct")``, with the parsed
+answer and a sentence of feedback as the span attributes ``agentbolt.reward.answer`` / ``agentbolt.reward.feedback``
+(the prompt optimizers show them to their LLM), and returned.
 
 The baseline prompt (:data:`BASELINE_PROMPT`) only restates the request: it names no rule for choosing among free
 rooms and no answer format. That is what the optimizers are meant to improve.
@@ -26,7 +28,7 @@ from typing import Any
 from openai import OpenAI
 from openai.types.chat import ChatCompletion
 
-from agentbolt import LLM, PromptTemplate, emit_reward, rollout
+from agentbolt import LLM, PromptTemplate, emit_reward, rollout, semconv
 
 from .rooms import NO_ROOM, get_rooms_and_availability, room_ids
 from .tasks import Task
@@ -218,7 +220,15 @@ def room_agent(task: Task, llm: LLM, prompt_template: PromptTemplate) -> float:
     finally:
         client.close()
     reward = compute_reward(episode.choice, task)
-    emit_reward(reward, name="correct")
+    # The answer and a sentence of feedback travel on the reward span; prompt optimizers show them to their LLM.
+    emit_reward(
+        reward,
+        name="correct",
+        attributes={
+            semconv.REWARD_ANSWER: episode.choice or "",
+            semconv.REWARD_FEEDBACK: feedback(episode.choice, task),
+        },
+    )
     return reward
 
 

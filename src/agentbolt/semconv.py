@@ -46,6 +46,10 @@ LLM_ERROR: Final = "agentbolt.llm.error"
 REWARD_VALUE: Final = "agentbolt.reward.value"
 REWARD_NAME: Final = "agentbolt.reward.name"
 """Optional name of a reward; the final reward is the last unnamed one."""
+REWARD_ANSWER: Final = "agentbolt.reward.answer"
+"""str: the agent's final answer as the reward function parsed it (shown to a prompt optimizer)."""
+REWARD_FEEDBACK: Final = "agentbolt.reward.feedback"
+"""str: one sentence about the outcome for a prompt optimizer (GEPA's textual feedback, arXiv:2507.19457 sec. 3.2)."""
 
 # Exception spans
 EXCEPTION_TYPE: Final = "exception.type"

@@ -289,9 +289,11 @@ def train(
     out: Path | None = typer.Option(None, help="output directory (overrides out_dir of the file)"),
     overwrite: bool = typer.Option(False, help="replace an existing OUT/store.db"),
 ) -> None:
-    """Train an agent with LightningRL on this machine from a YAML config; writes store.db, summary.json and
-    reward_curve.png into the output directory."""
-    from agentbolt.trainer.demo import load_train_config, run_training
+    """Train an agent on this machine from a YAML config: LightningRL (writes store.db, summary.json,
+    reward_curve.png), or with algorithm apo / gepa prompt optimization (writes store.db, summary.json, the best
+    prompt and its diff from the seed)."""
+    from agentbolt.trainer.demo import TrainConfig, load_job_config, run_training
+    from agentbolt.trainer.prompt_opt import run_prompt_optimization
 
     logging.basicConfig(level=logging.WARNING)
     overrides = list(set_ or [])
@@ -300,8 +302,11 @@ def train(
     if overwrite:
         overrides.append("overwrite=true")
     try:
-        job = load_train_config(config, overrides)
-        asyncio.run(run_training(job, console))
+        job = load_job_config(config, overrides)
+        if isinstance(job, TrainConfig):
+            asyncio.run(run_training(job, console))
+        else:
+            asyncio.run(run_prompt_optimization(job, console))
     except (AgentboltError, ValidationError) as exc:
         _fail(exc)
 

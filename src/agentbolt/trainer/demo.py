@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import Field, ValidationError
 from rich.console import Console
@@ -30,6 +30,7 @@ from agentbolt.errors import ConfigError
 
 if TYPE_CHECKING:
     from agentbolt.trainer.loop import StepResult
+    from agentbolt.trainer.prompt_opt import PromptOptConfig
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,8 @@ class TrainConfig(_Config):
     """Settings of ``agentbolt train`` (the YAML file) and ``agentbolt demo``.
 
     Attributes:
+        algorithm: ``lightningrl`` (the only value here; ``apo`` / ``gepa`` files are read as
+            :class:`~agentbolt.trainer.prompt_opt.PromptOptConfig` by :func:`load_job_config`).
         out_dir: where ``store.db``, ``reward_curve.png`` and ``summary.json`` are written.
         model: embedded model name (``qwen2.5-0.5b`` or ``smollm2-135m``) or a prepared bf16 model directory.
         grpo: the RL settings (:class:`~agentbolt.config.GRPOConfig`: estimator, credit assignment, asynchronous
@@ -64,6 +67,7 @@ class TrainConfig(_Config):
         device: where the model is served and trained (``cpu``, ``cuda``, ``cuda:N``).
     """
 
+    algorithm: Literal["lightningrl"] = "lightningrl"
     out_dir: Path = Path("runs/demo")
     model: str = "qwen2.5-0.5b"
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
@@ -94,6 +98,19 @@ DemoConfig = TrainConfig
 """The settings of ``agentbolt demo`` are those of ``agentbolt train``."""
 
 
+def check_device(device: str) -> None:
+    """Raises ConfigError unless ``device`` is ``cpu``, or ``cuda`` / ``cuda:N`` with CUDA available to torch."""
+    if device == "cpu":
+        return
+    import torch
+
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        raise ConfigError(
+            f"device {device!r} is not available here (torch sees {torch.cuda.device_count()} CUDA devices); "
+            "use device cpu, cuda or cuda:N"
+        )
+
+
 def load_tasks_module(name: str) -> Any:
     """Import the tasks module ``name`` (the current folder first on ``sys.path``) and check its two functions.
 
@@ -118,16 +135,16 @@ def load_tasks_module(name: str) -> Any:
     return module
 
 
-def load_train_config(path: Path, overrides: Sequence[str] = ()) -> TrainConfig:
-    """Read a :class:`TrainConfig` from a YAML file, with ``key.sub=value`` overrides applied on top.
+def read_settings(path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """The mapping of settings in a YAML file, with ``key.sub=value`` overrides applied on top.
 
     Args:
-        path: the YAML file (a mapping of :class:`TrainConfig` fields).
+        path: the YAML file (a mapping).
         overrides: ``dotted.key=value`` strings; each value is read as YAML (``3``, ``0.5``, ``true``, ``rloo``).
 
     Raises:
-        ConfigError: the file is missing or not a YAML mapping, an override has no ``=``, or a value is invalid
-            (the message names the field).
+        ConfigError: the file is missing or not a YAML mapping, or an override has no ``=`` or goes through a value
+            that is not a section.
     """
     import yaml
 
@@ -153,11 +170,50 @@ def load_train_config(path: Path, overrides: Sequence[str] = ()) -> TrainConfig:
                 raise ConfigError(f"override {item!r}: {part} is not a section")
             node = child
         node[parts[-1]] = yaml.safe_load(raw)
+    return data
+
+
+ConfigT = TypeVar("ConfigT", bound=_Config)
+
+
+def validate_settings(model: type[ConfigT], data: dict[str, Any], path: Path) -> ConfigT:
+    """``model.model_validate(data)``, with a validation error turned into one ConfigError naming each bad field."""
     try:
-        return TrainConfig.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or '(top)'}: {e['msg']}" for e in exc.errors())
         raise ConfigError(f"{path}: {problems}") from None
+
+
+def load_train_config(path: Path, overrides: Sequence[str] = ()) -> TrainConfig:
+    """Read a :class:`TrainConfig` from a YAML file, with ``key.sub=value`` overrides (see :func:`read_settings`).
+
+    Raises:
+        ConfigError: as :func:`read_settings`, or a value is invalid (the message names the field).
+    """
+    return validate_settings(TrainConfig, read_settings(path, overrides), path)
+
+
+ALGORITHMS = ("lightningrl", "apo", "gepa")
+"""The values of ``algorithm`` in a job file: RL (the default) or one of the two prompt optimizers."""
+
+
+def load_job_config(path: Path, overrides: Sequence[str] = ()) -> TrainConfig | PromptOptConfig:
+    """The job of ``agentbolt train``: a :class:`TrainConfig` (``algorithm: lightningrl`` or absent) or a
+    :class:`~agentbolt.trainer.prompt_opt.PromptOptConfig` (``algorithm: apo`` or ``gepa``).
+
+    Raises:
+        ConfigError: as :func:`read_settings`, an unknown ``algorithm``, or an invalid value.
+    """
+    from agentbolt.trainer.prompt_opt import PromptOptConfig
+
+    data = read_settings(path, overrides)
+    algorithm = data.get("algorithm", "lightningrl")
+    if algorithm not in ALGORITHMS:
+        raise ConfigError(f"{path}: algorithm {algorithm!r} is unknown; use one of {', '.join(ALGORITHMS)}")
+    if algorithm in ("apo", "gepa"):
+        return validate_settings(PromptOptConfig, data, path)
+    return validate_settings(TrainConfig, data, path)
 
 
 def plot_reward_curves(path: Path, runs: dict[str, list[float]], *, title: str = "train reward per step") -> None:
@@ -252,14 +308,7 @@ async def run_training(config: TrainConfig, console: Console | None = None) -> d
         raise ConfigError(f"torch_trainer: {exc}") from None
     if config.grpo.advantage_estimator == "gae" and not trainer_config.value_head:
         trainer_config = trainer_config.model_copy(update={"value_head": True})  # PPO: the value head is needed
-    if config.device != "cpu":
-        import torch
-
-        if not config.device.startswith("cuda") or not torch.cuda.is_available():
-            raise ConfigError(
-                f"device {config.device!r} is not available here (torch sees "
-                f"{torch.cuda.device_count()} CUDA devices); use device cpu, cuda or cuda:N"
-            )
+    check_device(config.device)
     tasks_mod = load_tasks_module(config.tasks)
     db_path = fresh_db_path(config.out_dir, overwrite=config.overwrite)
 
@@ -307,6 +356,7 @@ async def run_training(config: TrainConfig, console: Console | None = None) -> d
         batch_wait_s=config.batch_wait_s,
         agent_match=config.agent_match,
         console=console,
+        device=config.device,
     ) as local:
         trainer, store, backend = local.trainer, local.store, local.backend
         n_val = sum(len(v) for v in val_sets.values())

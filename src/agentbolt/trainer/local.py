@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 import copy
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -26,6 +26,7 @@ from agentbolt.errors import ConfigError
 if TYPE_CHECKING:
     from agentbolt.algorithms.rl.torch_backend import TorchTrainerConfig
     from agentbolt.inference.embedded import EmbeddedBackend
+    from agentbolt.server.gateway.swap import WeightSwapGate
     from agentbolt.store.sqlite import SqliteLightningStore
     from agentbolt.trainer.loop import RLTrainer
 
@@ -87,6 +88,90 @@ def fresh_db_path(out_dir: Path, *, overwrite: bool) -> Path:
     return db
 
 
+@dataclass
+class LocalServing:
+    """What :func:`local_serving` started.
+
+    Attributes:
+        store: the SQLite store (``db_path``).
+        backend: the embedded inference backend (its ``stats`` count generated tokens).
+        url: the server's root URL (store API, rollout gateway, and the unrecorded ``/v1/chat/completions``).
+        gate: the gateway's weight-swap gate.
+        model_setup_s: seconds spent preparing and loading the model.
+    """
+
+    store: SqliteLightningStore
+    backend: EmbeddedBackend
+    url: str
+    gate: WeightSwapGate
+    model_setup_s: float
+
+
+@asynccontextmanager
+async def local_serving(
+    *,
+    model: str | Path,
+    db_path: Path,
+    agent: str,
+    runner_processes: int = 2,
+    runner_concurrency: int = 8,
+    max_batch_size: int = 16,
+    batch_wait_s: float = 0.25,
+    console: Console | None = None,
+    device: str = "cpu",
+    prepare: Callable[[EmbeddedBackend], None] | None = None,
+) -> AsyncIterator[LocalServing]:
+    """Start the embedded model, a SQLite store, the server and runner processes; yield them; stop them all.
+
+    Args:
+        model: an embedded model name (``qwen2.5-0.5b``, ``smollm2-135m``) or a prepared bf16 directory.
+        db_path: the SQLite store file (created; see :func:`fresh_db_path`).
+        agent: the agent as ``package.module:attribute``, imported by each runner process (the current
+            ``sys.path`` is handed to them, so put the repository root on it first for ``examples.*``).
+        runner_processes / runner_concurrency: runner fan-out (processes x rollouts at once each).
+        max_batch_size / batch_wait_s: batching of the embedded backend (requests, seconds).
+        console: where the model-preparation status is shown.
+        device: where the model is served: ``cpu``, ``cuda`` or ``cuda:N``.
+        prepare: called with the loaded backend before the server starts, inside the model-preparation status
+            (:func:`local_training` builds its LoRA policy there); counted in ``model_setup_s``.
+
+    Raises:
+        ConfigError: an unknown model name or a bad ``agent`` reference (before anything is started).
+    """
+    from agentbolt.inference.embedded import EmbeddedBackend
+    from agentbolt.runner.processes import load_agent, start_runner_processes
+    from agentbolt.server.app import create_app
+    from agentbolt.server.gateway.swap import WeightSwapGate
+    from agentbolt.server.serving import serve_in_background
+    from agentbolt.store.sqlite import SqliteLightningStore
+
+    load_agent(agent)
+    console = console or Console()
+    t_start = time.perf_counter()
+    with console.status("preparing the embedded model (first run converts the GGUF once)"):
+        model_dir = resolve_model(model)
+        backend = EmbeddedBackend.load(
+            model_dir, device=device, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s
+        )
+        if prepare is not None:
+            prepare(backend)
+    model_setup_s = time.perf_counter() - t_start
+    store = SqliteLightningStore(db_path)
+    try:
+        gate = WeightSwapGate()
+        app = create_app(store, backend, swap_gate=gate)
+        async with serve_in_background(app) as url:
+            pool = start_runner_processes(agent, url, n_processes=runner_processes, concurrency=runner_concurrency)
+            try:
+                yield LocalServing(store, backend, url, gate, model_setup_s)
+            finally:
+                # In a thread: joining blocks, and the server on this loop must keep answering the runners.
+                await asyncio.to_thread(pool.stop)
+    finally:
+        await store.close()
+        await backend.close()
+
+
 @asynccontextmanager
 async def local_training(
     *,
@@ -104,23 +189,17 @@ async def local_training(
     console: Console | None = None,
     device: str = "cpu",
 ) -> AsyncIterator[LocalTraining]:
-    """Start the embedded model, store, server and runners; yield them with an :class:`RLTrainer`; stop them all.
+    """Start what :func:`local_serving` starts, plus the LoRA policy and an :class:`RLTrainer` over them; yield them;
+    stop them all.
 
     Args:
-        model: an embedded model name (``qwen2.5-0.5b``, ``smollm2-135m``) or a prepared bf16 directory.
-        db_path: the SQLite store file (created; see :func:`fresh_db_path`).
-        agent: the agent as ``package.module:attribute``, imported by each runner process (the current
-            ``sys.path`` is handed to them, so put the repository root on it first for ``examples.*``).
+        model, db_path, agent, runner_processes, runner_concurrency, max_batch_size, batch_wait_s, console,
+        device: as in :func:`local_serving` (the LoRA policy lives on ``device`` too).
         grpo: the RL settings.
         learning_rate: AdamW learning rate of the LoRA update.
         trainer_config: settings of the torch trainer backend; when given, its ``learning_rate`` wins.
-        runner_processes / runner_concurrency: runner fan-out (processes x rollouts at once each).
-        max_batch_size / batch_wait_s: batching of the embedded backend (requests, seconds).
         agent_match: regular expression over agent names; only the matching agents' LLM calls become training
             samples (``None``: all calls). See :class:`~agentbolt.trainer.loop.RLTrainer`.
-        console: where the model-preparation status is shown.
-        device: where the model is served and trained: ``cpu``, ``cuda`` or ``cuda:N`` (bf16 weights on either; the
-            served copy and the LoRA policy both live there).
 
     Raises:
         ConfigError: an unknown model name, a bad ``agent`` reference or a bad ``agent_match`` pattern (before
@@ -129,55 +208,44 @@ async def local_training(
     from agentbolt.adapter.agents import compile_agent_match
     from agentbolt.algorithms.rl.torch_backend import TorchPolicyTrainer, TorchTrainerConfig, attach_lora
     from agentbolt.algorithms.rl.weight_sync import load_weights, merged_lora_weights
-    from agentbolt.inference.embedded import EmbeddedBackend
-    from agentbolt.runner.processes import load_agent, start_runner_processes
-    from agentbolt.server.app import create_app
-    from agentbolt.server.gateway.swap import WeightSwapGate
-    from agentbolt.server.serving import serve_in_background
-    from agentbolt.store.sqlite import SqliteLightningStore
     from agentbolt.trainer.loop import RLTrainer
 
-    compile_agent_match(agent_match)  # a bad pattern or agent reference fails before the model loads
-    load_agent(agent)
-    console = console or Console()
-    t_start = time.perf_counter()
-    with console.status("preparing the embedded model (first run converts the GGUF once)"):
-        model_dir = resolve_model(model)
-        backend = EmbeddedBackend.load(
-            model_dir, device=device, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s
-        )
+    compile_agent_match(agent_match)  # a bad pattern fails before the model loads
+    config = trainer_config if trainer_config is not None else TorchTrainerConfig(learning_rate=learning_rate)
+    built: list[tuple[Any, TorchPolicyTrainer]] = []
+
+    def build_policy(backend: EmbeddedBackend) -> None:
         # The policy is a copy of the served model with LoRA adapters; after each update its merged weights are
         # written into the served model (serving through peft's LoRA layers is ~5x slower on CPU).
-        if trainer_config is None:
-            trainer_config = TorchTrainerConfig(learning_rate=learning_rate)
-        policy = attach_lora(copy.deepcopy(backend.model), trainer_config)
-        updater = TorchPolicyTrainer(policy, trainer_config, pad_token_id=backend.pad_token_id)
+        policy = attach_lora(copy.deepcopy(backend.model), config)
+        built.append((policy, TorchPolicyTrainer(policy, config, pad_token_id=backend.pad_token_id)))
+
+    async with local_serving(
+        model=model,
+        db_path=db_path,
+        agent=agent,
+        runner_processes=runner_processes,
+        runner_concurrency=runner_concurrency,
+        max_batch_size=max_batch_size,
+        batch_wait_s=batch_wait_s,
+        console=console,
+        device=device,
+        prepare=build_policy,
+    ) as serving:
+        policy, updater = built[0]
+        backend = serving.backend
 
         def sync_weights() -> None:
             load_weights(backend.model, merged_lora_weights(policy))
 
-    model_setup_s = time.perf_counter() - t_start
-    store = SqliteLightningStore(db_path)
-    try:
-        gate = WeightSwapGate()
-        app = create_app(store, backend, swap_gate=gate)
-        async with serve_in_background(app) as url:
-            pool = start_runner_processes(agent, url, n_processes=runner_processes, concurrency=runner_concurrency)
-            try:
-                trainer = RLTrainer(
-                    store,
-                    backend,
-                    updater,
-                    grpo,
-                    gateway_url=url,
-                    sync_weights=sync_weights,
-                    agent_match=agent_match,
-                    swap_gate=gate,
-                )
-                yield LocalTraining(trainer, store, backend, url, model_setup_s)
-            finally:
-                # In a thread: joining blocks, and the server on this loop must keep answering the runners.
-                await asyncio.to_thread(pool.stop)
-    finally:
-        await store.close()
-        await backend.close()
+        trainer = RLTrainer(
+            serving.store,
+            backend,
+            updater,
+            grpo,
+            gateway_url=serving.url,
+            sync_weights=sync_weights,
+            agent_match=agent_match,
+            swap_gate=serving.gate,
+        )
+        yield LocalTraining(trainer, serving.store, backend, serving.url, serving.model_setup_s)

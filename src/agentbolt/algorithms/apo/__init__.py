@@ -5,7 +5,8 @@ Entry points: :func:`optimize_apo` and :func:`optimize_gepa`. Both take an injec
 candidate on tasks, returns rewards and traces) and an :class:`OptimizerLLM` (any OpenAI-compatible chat endpoint,
 with an on-disk cache of its calls). Modules: ``types`` (data and interfaces), ``templates`` (the optimizer's prompts,
 as files in ``templates/``), ``optimizer_llm`` (client and cache), ``candidates`` (publishing, evaluation book,
-checks of proposed prompts), ``pareto`` (pure front, selection and merge rules), ``beam`` (APO), ``gepa`` (GEPA).
+checks of proposed prompts), ``pareto`` (pure front, selection and merge rules), ``store_evaluator`` (the
+evaluator through the store), ``beam`` (APO), ``gepa`` (GEPA).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from .config import APOConfig, GEPAConfig
 from .gepa import optimize_gepa
 from .optimizer_llm import CallCache, OptimizerLLM, OptimizerLLMConfig, build_optimizer_llm, call_key
 from .pareto import merge_prompts, pareto_front, select_for_mutation
+from .store_evaluator import StoreEvaluator, task_result_from_spans
 from .templates import TemplateOverride, TemplateSet, load_templates
 from .types import Candidate, Evaluator, OptimizationResult, ScoredCandidate, TaskResult, Trace, Usage
 
@@ -33,6 +35,7 @@ __all__ = [
     "ProgressCallback",
     "ProgressEvent",
     "ScoredCandidate",
+    "StoreEvaluator",
     "TaskResult",
     "TemplateOverride",
     "TemplateSet",
@@ -46,4 +49,5 @@ __all__ = [
     "optimize_gepa",
     "pareto_front",
     "select_for_mutation",
+    "task_result_from_spans",
 ]

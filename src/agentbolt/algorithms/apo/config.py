@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .optimizer_llm import OptimizerLLMConfig
 from .templates import TemplateOverride
 
 
@@ -28,7 +27,6 @@ class APOConfig(BaseModel):
         seed: seed of every random draw.
         max_trace_chars: characters per trace shown to the optimizer.
         templates: overrides of ``critique`` / ``edit`` (see :class:`TemplateOverride`).
-        optimizer: the optimizer LLM (``None``: the caller passes an ``OptimizerLLM``).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -43,7 +41,6 @@ class APOConfig(BaseModel):
     seed: int = 0
     max_trace_chars: int = Field(default=3000, ge=200)
     templates: dict[str, TemplateOverride] = Field(default_factory=dict)
-    optimizer: OptimizerLLMConfig | None = None
 
 
 class GEPAConfig(BaseModel):
@@ -66,7 +63,6 @@ class GEPAConfig(BaseModel):
         seed: seed of every random draw.
         max_trace_chars: characters per trace shown to the optimizer.
         templates: override of ``reflect`` (see :class:`TemplateOverride`).
-        optimizer: the optimizer LLM (``None``: the caller passes an ``OptimizerLLM``).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -82,4 +78,3 @@ class GEPAConfig(BaseModel):
     seed: int = 0
     max_trace_chars: int = Field(default=3000, ge=200)
     templates: dict[str, TemplateOverride] = Field(default_factory=dict)
-    optimizer: OptimizerLLMConfig | None = None

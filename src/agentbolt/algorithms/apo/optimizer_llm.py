@@ -31,9 +31,11 @@ class OptimizerLLMConfig(BaseModel):
     """Where the optimizer LLM is and how it is sampled.
 
     Attributes:
-        model: model name sent in requests.
-        base_url: OpenAI-compatible base URL ending in ``/v1`` (``None``: the OpenAI client's default, which reads
-            ``OPENAI_BASE_URL``); the embedded model's gateway when the CLI wires it.
+        model: model name sent in requests (``None``: the served model's name, when ``agentbolt train`` wires its
+            embedded model as the optimizer).
+        base_url: OpenAI-compatible base URL ending in ``/v1``. ``None``: under ``agentbolt train``, the job's own
+            embedded model (its server's unrecorded ``/v1/chat/completions``); elsewhere the OpenAI client's default
+            (``OPENAI_BASE_URL``, else api.openai.com).
         api_key_env: environment variable holding the API key (a placeholder key is sent when it is unset, which
             local endpoints accept).
         temperature: sampling temperature; > 0 so that the ``branch_factor`` edits differ.
@@ -44,7 +46,7 @@ class OptimizerLLMConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    model: str
+    model: str | None = None
     base_url: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
     temperature: float = Field(default=0.7, ge=0.0)
@@ -145,8 +147,17 @@ class OptimizerLLM:
 
 
 def build_optimizer_llm(config: OptimizerLLMConfig) -> OptimizerLLM:
-    """An :class:`OptimizerLLM` over ``openai.AsyncOpenAI`` built from ``config`` (no request is made here)."""
+    """An :class:`OptimizerLLM` over ``openai.AsyncOpenAI`` built from ``config`` (no request is made here).
+
+    Raises:
+        ConfigError: ``config.model`` is not set.
+    """
     import os
+
+    from agentbolt.errors import ConfigError
+
+    if not config.model:
+        raise ConfigError("optimizer.model is not set: name the optimizer model (e.g. optimizer.model=gpt-4.1-mini)")
 
     from openai import AsyncOpenAI
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 import uuid
 from typing import Any
 
@@ -254,3 +255,48 @@ async def _serve_stream(
     session = StreamSession(recorder, streams, model=backend.model_name, include_usage=include_usage)
     session.start()
     return SessionResponse(session)
+
+
+plain_router = APIRouter(prefix="/v1")
+"""``POST /v1/chat/completions``: the served model outside any rollout, for callers that are not agents (the prompt
+optimizer's LLM, a quick check with the ``openai`` client). Nothing is recorded."""
+
+
+@plain_router.post("/chat/completions", responses=_RESPONSES)
+async def plain_chat_completions(body: ChatCompletionBody, request: Request) -> Response:
+    """OpenAI Chat Completions served by the inference backend and recorded nowhere (no rollout, no spans): for
+    callers that are not agents, such as the optimizer LLM of APO and GEPA. Supports ``n``, ``tools`` and tool-call
+    messages like the rollout route; ``stream`` is refused (400: use the rollout route). The weight-swap gate
+    applies. Errors answer in OpenAI's shape: 503 without a backend, 400 bad values or context length exceeded,
+    502/503 backend failures."""
+    backend: InferenceBackend | None = request.app.state.backend
+    if backend is None:
+        return error_response(ErrorInfo(503, "api_error", NO_BACKEND_MESSAGE, "no_backend"))
+    if body.stream:
+        message = (
+            "stream is not served on /v1/chat/completions (it records nothing); ask without stream, or call the "
+            "rollout route /v1/rollouts/{rollout_id}/attempts/{attempt_id}/v1/chat/completions"
+        )
+        return error_response(ErrorInfo(400, "invalid_request_error", message, "stream_unsupported"))
+    gate: WeightSwapGate | None = getattr(request.app.state, "swap_gate", None)
+    if gate is not None:
+        try:
+            await gate.admit()
+        except AgentboltError as exc:
+            return error_response(error_info(exc))
+    requests = _generation_requests(body)
+    outcomes = await asyncio.gather(*(backend.generate(r) for r in requests), return_exceptions=True)
+    failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
+    if failed is not None:
+        return error_response(error_info(failed))
+    choices: list[tuple[GenerationResult, dict[str, Any], str]] = []
+    for result in [o for o in outcomes if isinstance(o, GenerationResult)]:
+        content, tool_calls = assistant_message(result)
+        choices.append((result, message_body(content, tool_calls), finish_reason(result, bool(tool_calls))))
+    body_out = completion_body(
+        response_id=f"chatcmpl-{uuid.uuid4().hex[:24]}",
+        created_s=int(time.time()),
+        model=backend.model_name,
+        choices=choices,
+    )
+    return JSONResponse(body_out)

@@ -1,0 +1,367 @@
+"""``agentbolt train CONFIG.yaml`` with ``algorithm: apo`` or ``algorithm: gepa``: prompt optimization on this
+machine, end to end, with no GPU.
+
+The job (:func:`run_prompt_optimization`) starts what :func:`~agentbolt.trainer.local.local_serving` starts (the
+embedded model, a SQLite store, the server, runner processes executing the agent), then:
+
+1. publishes every candidate prompt as a resources version (``llm`` pointing at the gateway, plus one
+   ``PromptTemplate`` per prompt name) and scores it through the store (:class:`~agentbolt.algorithms.apo.
+   store_evaluator.StoreEvaluator`): each task is a rollout, its reward and trace are read back from its spans;
+2. asks the optimizer LLM (by default the same embedded model, through the server's unrecorded
+   ``/v1/chat/completions``) for critiques and edits (APO) or reflections (GEPA);
+3. runs the seed and the best candidate on the held-out test tasks (``mode=test``) when the tasks module has
+   ``load_test_tasks``.
+
+Shown while it runs: a bar of rounds (APO) or iterations (GEPA), a bar of rollouts, one line per round. Written to
+``out_dir``: ``store.db``, ``summary.json`` (scores, usage, timings, every candidate), ``best_prompts.json`` and one
+``best_prompt.<name>.txt`` per prompt, and ``prompt.diff`` (unified diff from the seed).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import json
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+from rich.console import Console
+from rich.panel import Panel
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.syntax import Syntax
+from rich.table import Table
+
+from agentbolt.algorithms.apo.config import APOConfig, GEPAConfig
+from agentbolt.algorithms.apo.optimizer_llm import OptimizerLLMConfig
+from agentbolt.config import _Config
+from agentbolt.errors import ConfigError
+
+DEFAULT_PROMPT_AGENT = "examples.room_agent.agent:room_agent"
+DEFAULT_PROMPT_TASKS = "examples.room_agent.tasks"
+DEFAULT_SEED_PROMPTS = "examples.room_agent.agent:BASELINE_PROMPT"
+
+
+class PromptOptConfig(_Config):
+    """Settings of ``agentbolt train`` for prompt optimization (the YAML file, e.g.
+    ``examples/room_agent/config.yaml``).
+
+    Attributes:
+        algorithm: ``apo`` (textual-gradient beam search) or ``gepa`` (reflective Pareto search).
+        out_dir: where the store, the summary and the best prompt are written.
+        model: the agent's embedded model (``qwen2.5-0.5b``, ``smollm2-135m``...) or a prepared bf16 directory.
+        agent: the agent as ``module:attribute``; it must read its prompts from resources named as in
+            ``seed_prompts``.
+        tasks: module with ``load_train_tasks(size)``, ``load_val_sets(n_per_set)`` (the first set is the
+            validation set) and optionally ``load_test_tasks()``; every task needs a string ``task_id``.
+        seed_prompts: prompt name -> starting text; when empty, read from ``seed_prompts_from``.
+        seed_prompts_from: ``module:ATTRIBUTE`` holding the starting text (a string, named ``prompt_name``) or a
+            mapping of name -> text.
+        prompt_name: the resource name of a single seed prompt given as a string.
+        apo / gepa: the optimizer's settings (only the one named by ``algorithm`` is used).
+        optimizer: the optimizer LLM; ``base_url: null`` (the default) means this job's embedded model, and
+            ``model: null`` its name. Its call cache lives in ``optimizer.cache_dir``.
+        train_size / val_size: tasks asked of the tasks module (``None``: all).
+        eval_test: score the seed and the best candidate on ``load_test_tasks()`` at the end.
+        agent_temperature / agent_max_tokens: sampling of the agent's LLM calls (the ``llm`` resource).
+        reward_name: which reward is the score (``None``: the final, unnamed one).
+        max_attempts / rollout_timeout_s: per rollout; infrastructure failures are retried by the store.
+        runner_processes / runner_concurrency / max_batch_size / batch_wait_s / device: as in ``TrainConfig``.
+        overwrite: replace an existing ``store.db`` in ``out_dir``.
+    """
+
+    algorithm: Literal["apo", "gepa"]
+    out_dir: Path = Path("runs/prompt-opt")
+    model: str = "qwen2.5-0.5b"
+    agent: str = DEFAULT_PROMPT_AGENT
+    tasks: str = DEFAULT_PROMPT_TASKS
+    seed_prompts: dict[str, str] = Field(default_factory=dict)
+    seed_prompts_from: str | None = DEFAULT_SEED_PROMPTS
+    prompt_name: str = "prompt_template"
+    apo: APOConfig = Field(default_factory=APOConfig)
+    gepa: GEPAConfig = Field(default_factory=GEPAConfig)
+    optimizer: OptimizerLLMConfig = Field(default_factory=OptimizerLLMConfig)
+    train_size: int | None = Field(default=None, ge=1)
+    val_size: int | None = Field(default=None, ge=1)
+    eval_test: bool = True
+    agent_temperature: float = Field(default=0.0, ge=0.0)
+    agent_max_tokens: int = Field(default=256, gt=0)
+    reward_name: str | None = None
+    max_attempts: int = Field(default=2, ge=1)
+    rollout_timeout_s: float = Field(default=600.0, gt=0)
+    runner_processes: int = Field(default=2, ge=1)
+    runner_concurrency: int = Field(default=8, ge=1)
+    max_batch_size: int = Field(default=16, ge=1)
+    batch_wait_s: float = Field(default=0.25, ge=0)
+    overwrite: bool = False
+    device: str = "cpu"
+
+
+def resolve_seed_prompts(config: PromptOptConfig) -> dict[str, str]:
+    """The seed prompts: ``config.seed_prompts``, else the object named by ``seed_prompts_from``.
+
+    Raises:
+        ConfigError: neither is set, the reference does not import, or it is not a string or a mapping of strings.
+    """
+    if config.seed_prompts:
+        return dict(config.seed_prompts)
+    reference = config.seed_prompts_from
+    if not reference:
+        raise ConfigError("set seed_prompts (name: text) or seed_prompts_from (module:ATTRIBUTE)")
+    module_name, sep, attribute = reference.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ConfigError(f"seed_prompts_from must look like package.module:ATTRIBUTE, got {reference!r}")
+    try:
+        value = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load seed_prompts_from {reference!r}: {exc}") from exc
+    if isinstance(value, str):
+        return {config.prompt_name: value}
+    if isinstance(value, Mapping) and value and all(isinstance(v, str) for v in value.values()):
+        return {str(k): str(v) for k, v in value.items()}
+    raise ConfigError(f"seed_prompts_from {reference!r} must be a string or a mapping of name -> text")
+
+
+def prompt_diff(seed: Mapping[str, str], best: Mapping[str, str]) -> str:
+    """Unified diff, prompt by prompt (in the seed's order), from ``seed`` to ``best``; ``""`` when equal."""
+    parts: list[str] = []
+    for name in dict.fromkeys([*seed, *best]):
+        before, after = seed.get(name, ""), best.get(name, "")
+        if before == after:
+            continue
+        lines = difflib.unified_diff(
+            before.splitlines(keepends=True),
+            after.splitlines(keepends=True),
+            fromfile=f"seed/{name}",
+            tofile=f"best/{name}",
+        )
+        parts.append("".join(line if line.endswith("\n") else line + "\n" for line in lines))
+    return "".join(parts)
+
+
+async def run_prompt_optimization(config: PromptOptConfig, console: Console | None = None) -> dict[str, Any]:
+    """Run the job of the module docstring and return its summary (also written to ``out_dir/summary.json``).
+
+    Raises:
+        ConfigError: bad settings (unknown model, tasks module or agent that does not import, no seed prompt, no
+            training or validation tasks, an existing store without ``overwrite``), all before anything is written.
+    """
+    from agentbolt.algorithms.apo import StoreEvaluator, build_optimizer_llm, optimize_apo, optimize_gepa
+    from agentbolt.algorithms.apo.candidates import ProgressEvent
+    from agentbolt.algorithms.apo.types import Candidate, TaskResult
+    from agentbolt.inference.model_files import get_model_spec
+    from agentbolt.trainer.demo import check_device, load_tasks_module
+    from agentbolt.trainer.local import fresh_db_path, local_serving
+    from agentbolt.types import LLM, RolloutConfig, RolloutMode
+
+    console = console or Console()
+    t_start = time.perf_counter()
+    if not Path(config.model).is_dir():
+        get_model_spec(config.model)
+    check_device(config.device)
+    tasks_mod = load_tasks_module(config.tasks)
+    seed_prompts = resolve_seed_prompts(config)
+    train_tasks = list(tasks_mod.load_train_tasks(size=config.train_size))
+    val_sets = tasks_mod.load_val_sets(n_per_set=config.val_size)
+    val_tasks = list(next(iter(val_sets.values()), []))
+    test_tasks: list[dict[str, Any]] = []
+    if config.eval_test and callable(getattr(tasks_mod, "load_test_tasks", None)):
+        test_tasks = list(tasks_mod.load_test_tasks())
+    if not train_tasks or not val_tasks:
+        raise ConfigError(
+            f"{config.tasks} gave {len(train_tasks)} training and {len(val_tasks)} validation tasks; both are needed"
+        )
+    db_path = fresh_db_path(config.out_dir, overwrite=config.overwrite)
+    settings = config.apo if config.algorithm == "apo" else config.gepa
+    rounds = config.apo.rounds if config.algorithm == "apo" else config.gepa.max_iterations
+    console.print(
+        f"[bold]agentbolt train[/]: algorithm={config.algorithm} model={config.model} prompts={sorted(seed_prompts)} "
+        f"train={len(train_tasks)} val={len(val_tasks)} test={len(test_tasks)}"
+    )
+
+    progress = Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+    )
+    round_bar = progress.add_task("rounds" if config.algorithm == "apo" else "iterations", total=rounds)
+    rollout_bar = progress.add_task("rollouts", total=0)
+
+    def enqueued(count: int) -> None:
+        task = progress.tasks[rollout_bar]
+        progress.update(rollout_bar, total=(task.total or 0) + count)
+
+    def report(event: ProgressEvent) -> None:
+        progress.update(round_bar, completed=event.round_index)
+        label = "seed" if event.phase == "seed" else f"{event.phase} {event.round_index}/{event.rounds}"
+        progress.console.print(
+            f"{label}: best val {event.best_val_score:.3f}  rollouts {event.rollouts}  {event.message}"
+        )
+
+    async with local_serving(
+        model=config.model,
+        db_path=db_path,
+        agent=config.agent,
+        runner_processes=config.runner_processes,
+        runner_concurrency=config.runner_concurrency,
+        max_batch_size=config.max_batch_size,
+        batch_wait_s=config.batch_wait_s,
+        console=console,
+        device=config.device,
+    ) as serving:
+        backend = serving.backend
+        llm = LLM(
+            endpoint=serving.url,
+            model=backend.model_name,
+            sampling_parameters={"temperature": config.agent_temperature, "max_tokens": config.agent_max_tokens},
+        )
+        optimizer_config = config.optimizer
+        if optimizer_config.base_url is None:
+            optimizer_config = optimizer_config.model_copy(
+                update={"base_url": f"{serving.url}/v1", "model": optimizer_config.model or backend.model_name}
+            )
+        optimizer = build_optimizer_llm(optimizer_config)
+        evaluator = StoreEvaluator(
+            serving.store,
+            reward_name=config.reward_name,
+            rollout_config=RolloutConfig(max_attempts=config.max_attempts, timeout_seconds=config.rollout_timeout_s),
+            metadata={"algorithm": config.algorithm},
+            on_enqueued=enqueued,
+            on_finished=lambda count: progress.advance(rollout_bar, count),
+        )
+        arguments: dict[str, Any] = {
+            "seed_prompts": seed_prompts,
+            "train_tasks": train_tasks,
+            "val_tasks": val_tasks,
+            "store": serving.store,
+            "evaluator": evaluator,
+            "optimizer": optimizer,
+            "base_resources": {"llm": llm},
+            "run_metadata": {"job": "agentbolt train", "model": config.model},
+            "on_progress": report,
+        }
+        with progress:
+            t_opt = time.perf_counter()
+            if isinstance(settings, APOConfig):
+                result = await optimize_apo(settings, **arguments)
+            else:
+                result = await optimize_gepa(settings, **arguments)
+            optimize_s = time.perf_counter() - t_opt
+            test_before = test_after = None
+            test_rollouts = 0
+            t_test = time.perf_counter()
+            if test_tasks:
+                progress.update(rollout_bar, description="test rollouts", total=0, completed=0)
+
+                async def test_score(candidate: Candidate) -> float:
+                    results: list[TaskResult] = await evaluator(candidate, test_tasks, mode=RolloutMode.TEST)
+                    return sum(r.reward for r in results) / len(results)
+
+                test_before = await test_score(result.seed.candidate)
+                test_rollouts = len(test_tasks)
+                if result.best.candidate.candidate_id == result.seed.candidate.candidate_id:
+                    test_after = test_before
+                else:
+                    test_after = await test_score(result.best.candidate)
+                    test_rollouts += len(test_tasks)
+            test_s = time.perf_counter() - t_test
+        generation = backend.stats
+
+    best_prompts = dict(result.best.candidate.prompts)
+    diff = prompt_diff(seed_prompts, best_prompts)
+    summary: dict[str, Any] = {
+        "algorithm": config.algorithm,
+        "model": config.model,
+        "optimizer_model": optimizer_config.model,
+        "optimizer_base_url": optimizer_config.base_url if config.optimizer.base_url is not None else "embedded",
+        "seed_candidate": result.seed.candidate.candidate_id,
+        "best_candidate": result.best.candidate.candidate_id,
+        "val_before": result.seed.val_score,
+        "val_after": result.best.val_score,
+        "n_val": len(val_tasks),
+        "test_before": test_before,
+        "test_after": test_after,
+        "n_test": len(test_tasks),
+        "rollouts": {"optimization": result.usage.rollouts, "test": test_rollouts},
+        "optimizer_calls": result.usage.optimizer_calls,
+        "optimizer_cache_hits": result.usage.cache_hits,
+        "rejected_edits": result.usage.rejected_edits,
+        "wall_seconds": time.perf_counter() - t_start,
+        "timing_s": {"model_setup": serving.model_setup_s, "optimize": optimize_s, "test": test_s},
+        "generation": {
+            "generated_tokens": generation.generated_tokens,
+            "tokens_per_s": generation.tokens_per_s,
+            "requests": generation.requests,
+        },
+        "candidates": [
+            {
+                "candidate_id": scored.candidate.candidate_id,
+                "origin": scored.candidate.origin,
+                "round": scored.candidate.round_index,
+                "parents": list(scored.candidate.parent_ids),
+                "accepted": scored.accepted,
+                "val_score": scored.val_score if scored.val_scores else None,
+                "val_scores": dict(scored.val_scores),
+                "prompts": dict(scored.candidate.prompts),
+            }
+            for scored in result.candidates
+        ],
+        "best_prompts": best_prompts,
+        "seed_prompts": seed_prompts,
+        "config": json.loads(config.model_dump_json()),
+    }
+    write_outputs(config.out_dir, summary, diff)
+    print_result(console, summary, diff)
+    return summary
+
+
+def write_outputs(out_dir: Path, summary: Mapping[str, Any], diff: str) -> None:
+    """Write ``summary.json``, ``best_prompts.json``, ``best_prompt.<name>.txt`` and ``prompt.diff`` to ``out_dir``."""
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    best: Mapping[str, str] = summary["best_prompts"]
+    (out_dir / "best_prompts.json").write_text(json.dumps(best, indent=2))
+    for name, text in best.items():
+        (out_dir / f"best_prompt.{name}.txt").write_text(text)
+    (out_dir / "prompt.diff").write_text(diff)
+
+
+def print_result(console: Console, summary: Mapping[str, Any], diff: str) -> None:
+    """The table of candidates, the best prompt, its diff from the seed, and the before/after scores."""
+    table = Table(title="candidates (each is a resources version)")
+    for column, justify in (("resources", "left"), ("origin", "left"), ("round", "right"), ("parents", "left")):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    table.add_column("val score", justify="right")
+    table.add_column("tasks", justify="right")
+    best_id = summary["best_candidate"]
+    for row in summary["candidates"]:
+        score = "rejected" if row["val_score"] is None else f"{row['val_score']:.3f}"
+        marker = " *" if row["candidate_id"] == best_id else ""
+        table.add_row(
+            row["candidate_id"] + marker,
+            row["origin"],
+            str(row["round"]),
+            ", ".join(row["parents"]) or "-",
+            score,
+            str(len(row["val_scores"])),
+        )
+    console.print(table)
+    for name, text in summary["best_prompts"].items():
+        console.print(Panel(text, title=f"best prompt: {name} ({best_id})"))
+    if diff:
+        console.print(Syntax(diff, "diff", word_wrap=True))
+    else:
+        console.print("the best candidate is the seed: no edit scored higher on validation")
+    scores = Table(title="accuracy")
+    scores.add_column("split")
+    scores.add_column("seed", justify="right")
+    scores.add_column("best", justify="right")
+    scores.add_row(f"validation ({summary['n_val']})", f"{summary['val_before']:.1%}", f"{summary['val_after']:.1%}")
+    if summary["test_before"] is not None:
+        scores.add_row(f"test ({summary['n_test']})", f"{summary['test_before']:.1%}", f"{summary['test_after']:.1%}")
+    console.print(scores)
+    rollouts = summary["rollouts"]
+    console.print(
+        f"rollouts: {rollouts['optimization']} optimizing + {rollouts['test']} test  "
+        f"optimizer calls: {summary['optimizer_calls']} ({summary['optimizer_cache_hits']} from cache)  "
+        f"wall: {summary['wall_seconds']:.0f}s"
+    )
