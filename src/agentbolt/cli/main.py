@@ -38,8 +38,8 @@ def serve(
     port: int = typer.Option(8765, help="TCP port (0 = any free port)"),
     model: str | None = typer.Option(
         None,
-        help="the model behind the gateway: an embedded model (qwen2.5-0.5b, smollm2-135m) for --backend embedded, "
-        "else the remote model name (vllm: default its first model)",
+        help="the model behind the gateway: an embedded model (qwen2.5-0.5b, qwen2.5-coder-1.5b, smollm2-135m) for "
+        "--backend embedded, else the remote model name (vllm: default its first model)",
     ),
     backend_kind: str | None = typer.Option(
         None,
@@ -251,7 +251,7 @@ def _run_on_ray(
 def demo(
     steps: int = typer.Option(4, help="GRPO steps"),
     out: Path = typer.Option(Path("runs/demo"), help="output directory"),
-    model: str = typer.Option("qwen2.5-0.5b", help="embedded model: qwen2.5-0.5b or smollm2-135m"),
+    model: str = typer.Option("qwen2.5-0.5b", help="embedded model: qwen2.5-0.5b, qwen2.5-coder-1.5b or smollm2-135m"),
     tasks_per_step: int = typer.Option(4, help="distinct tasks per step"),
     group_size: int = typer.Option(4, help="rollouts per task (GRPO group)"),
     val_size: int = typer.Option(8, help="tasks per validation set"),
@@ -344,6 +344,82 @@ def plot(
     except AgentboltError as exc:
         _fail(exc)
     console.print(f"wrote {out}")
+
+
+STORE_HELP = (
+    "the store: its SQLite file (runs/demo/store.db, sqlite:///path.db), the http(s):// address of a running "
+    "`agentbolt serve`, or a postgresql:// URL"
+)
+
+
+@app.command()
+def export(
+    store: str = typer.Option(..., help=STORE_HELP),
+    kind: str = typer.Option(
+        ..., help="sft: OpenAI chat fine-tuning rows; rl: one row per training sample with exact token ids"
+    ),
+    out: Path = typer.Option(..., help="the file to write (replaced if it exists)"),
+    format_: str = typer.Option("jsonl", "--format", help="jsonl or parquet (parquet needs pyarrow)"),
+    mode: str | None = typer.Option(None, help="only rollouts of this mode: train, val or test (default: all)"),
+    resources: str | None = typer.Option(None, help="only rollouts that ran against this resources id (rs-N)"),
+    min_reward: float | None = typer.Option(None, help="only rollouts whose final reward is >= this"),
+    credit: str = typer.Option("broadcast", help="rl: credit assignment (broadcast, discounted, intermediate)"),
+    estimator: str = typer.Option("grpo", help="rl: advantage estimator (grpo, grpo_no_std, rloo, reinforce_pp...)"),
+    merge: bool = typer.Option(True, "--merge/--no-merge", help="rl: merge calls that extend each other"),
+    agent_match: str | None = typer.Option(None, help="rl: only calls of agents whose name matches this regex"),
+    token: str | None = typer.Option(None, envvar="AGENTBOLT_TOKEN", help="bearer token of the server"),
+) -> None:
+    """Export finished rollouts as a data set: SFT conversations or RL training samples, as JSON Lines or Parquet."""
+    from agentbolt.cli.export import ExportConfig, run_export
+
+    try:
+        config = ExportConfig(
+            store=store,
+            kind=kind,  # type: ignore[arg-type]  # validated by the config
+            format=format_,  # type: ignore[arg-type]
+            out=out,
+            mode=mode,  # type: ignore[arg-type]
+            resources_id=resources,
+            min_reward=min_reward,
+            credit_assignment=credit,
+            advantage_estimator=estimator,
+            merge_samples=merge,
+            agent_match=agent_match,
+        )
+        asyncio.run(run_export(config, token=token, console=console))
+    except (AgentboltError, ValidationError) as exc:
+        _fail(exc)
+
+
+@app.command()
+def inspect(
+    rollout_id: str = typer.Argument(..., help="the rollout (ro-...)"),
+    store: str = typer.Option(..., help=STORE_HELP),
+    attempt: int | None = typer.Option(None, help="the attempt number to show (1, 2, ...; default: the latest)"),
+    json_: bool = typer.Option(False, "--json", help="print JSON (rollout, attempts, span tree, raw spans)"),
+    token: str | None = typer.Option(None, envvar="AGENTBOLT_TOKEN", help="bearer token of the server"),
+) -> None:
+    """Show one rollout: status, attempts (with errors) and an attempt's span tree (LLM calls, tools, rewards)."""
+    import json
+
+    from agentbolt.cli.inspect_cmd import load_inspection, render
+    from agentbolt.cli.stores import open_store
+
+    async def main() -> None:
+        st = open_store(store, token=token)
+        try:
+            inspection = await load_inspection(st, rollout_id, attempt_sequence=attempt)
+        finally:
+            await st.close()
+        if json_:
+            typer.echo(json.dumps(inspection.to_json(), ensure_ascii=False, indent=2))
+        else:
+            console.print(render(inspection))
+
+    try:
+        asyncio.run(main())
+    except AgentboltError as exc:
+        _fail(exc)
 
 
 if __name__ == "__main__":

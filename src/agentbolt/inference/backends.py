@@ -36,7 +36,10 @@ async def open_backend(
     """
     if kind == "embedded":
         if model is None:
-            raise ConfigError("the embedded backend needs a model: --model smollm2-135m (or qwen2.5-0.5b, or a path)")
+            raise ConfigError(
+                "the embedded backend needs a model: --model smollm2-135m (or qwen2.5-0.5b, qwen2.5-coder-1.5b, or a "
+                "path)"
+            )
         from agentbolt.inference.embedded import EmbeddedBackend
 
         return EmbeddedBackend.load(model)

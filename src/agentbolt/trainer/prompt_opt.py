@@ -42,6 +42,8 @@ from agentbolt.errors import ConfigError
 DEFAULT_PROMPT_AGENT = "examples.room_agent.agent:room_agent"
 DEFAULT_PROMPT_TASKS = "examples.room_agent.tasks"
 DEFAULT_SEED_PROMPTS = "examples.room_agent.agent:BASELINE_PROMPT"
+EMBEDDED_OPTIMIZER_TIMEOUT_S = 3600.0
+"""Request timeout (seconds) at least, when the job's embedded model is the optimizer."""
 
 
 class PromptOptConfig(_Config):
@@ -217,8 +219,15 @@ async def run_prompt_optimization(config: PromptOptConfig, console: Console | No
         )
         optimizer_config = config.optimizer
         if optimizer_config.base_url is None:
+            # The job's own model: no retries (it would still be generating the abandoned answer) and a generous
+            # timeout (a long critique on 2 CPU cores takes minutes).
             optimizer_config = optimizer_config.model_copy(
-                update={"base_url": f"{serving.url}/v1", "model": optimizer_config.model or backend.model_name}
+                update={
+                    "base_url": f"{serving.url}/v1",
+                    "model": optimizer_config.model or backend.model_name,
+                    "max_retries": 0,
+                    "timeout_s": max(optimizer_config.timeout_s, EMBEDDED_OPTIMIZER_TIMEOUT_S),
+                }
             )
         optimizer = build_optimizer_llm(optimizer_config)
         evaluator = StoreEvaluator(

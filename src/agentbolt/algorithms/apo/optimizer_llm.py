@@ -41,6 +41,8 @@ class OptimizerLLMConfig(BaseModel):
         temperature: sampling temperature; > 0 so that the ``branch_factor`` edits differ.
         max_tokens: reply length cap in tokens.
         timeout_s: per-request timeout in seconds.
+        max_retries: retries of a failed or timed-out request (the ``openai`` client's own retry). A local model
+            keeps generating after a client gives up, so ``agentbolt train`` uses 0 for its embedded optimizer.
         cache_dir: folder of the call cache; ``None`` disables caching.
     """
 
@@ -52,6 +54,7 @@ class OptimizerLLMConfig(BaseModel):
     temperature: float = Field(default=0.7, ge=0.0)
     max_tokens: int = Field(default=1024, gt=0)
     timeout_s: float = Field(default=300.0, gt=0.0)
+    max_retries: int = Field(default=2, ge=0)
     cache_dir: str | None = ".agentbolt/optimizer_cache"
 
 
@@ -165,6 +168,7 @@ def build_optimizer_llm(config: OptimizerLLMConfig) -> OptimizerLLM:
         base_url=config.base_url,
         api_key=os.environ.get(config.api_key_env, "agentbolt"),
         timeout=config.timeout_s,
+        max_retries=config.max_retries,
     )
     cache = CallCache(config.cache_dir) if config.cache_dir is not None else None
     return OptimizerLLM(
