@@ -345,3 +345,26 @@ def test_n_choices_overflow_and_disconnect_on_the_real_model(backend: Any) -> No
         await client.close()
 
     serve(spy, test)
+
+
+def test_plain_route_serves_the_model_outside_any_rollout_and_records_nothing(backend: Any) -> None:
+    """``POST /v1/chat/completions``: the prompt optimizer's route. Same model and answer as the rollout route
+    (greedy), no span anywhere, ``stream`` refused with a pointer to the rollout route."""
+
+    async def test(at: Attempt) -> None:
+        import openai
+
+        messages = [{"role": "user", "content": "Say hello in one word."}]
+        plain = openai.AsyncOpenAI(base_url=f"{at.url}/v1", api_key="x", max_retries=0)
+        reply = await plain.chat.completions.create(model="any", messages=messages, max_tokens=8, temperature=0.0)
+        assert reply.model == backend.model_name and reply.choices[0].message.content
+        scoped = await at.client().chat.completions.create(
+            model="any", messages=messages, max_tokens=8, temperature=0.0
+        )
+        assert reply.choices[0].message.content == scoped.choices[0].message.content
+        assert len(await at.spans()) == 1  # only the rollout-scoped call was recorded
+        with pytest.raises(openai.BadRequestError, match="stream is not served on /v1/chat/completions"):
+            await plain.chat.completions.create(model="any", messages=messages, max_tokens=4, stream=True)
+        await plain.close()
+
+    serve(backend, test)

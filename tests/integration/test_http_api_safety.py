@@ -4,7 +4,8 @@ The walker enumerates ``app.routes`` itself and fills path parameters with unkno
 the day it is added; a route it cannot handle (a new route type, or a route taking a body that the ``BODY_CASES``
 table does not describe) fails the test instead of being skipped.
 
-- auth: with a token set, every route and method answers 401 without the token and with a wrong one;
+- auth: with a token set, every route and method answers 401 without the token and with a wrong one, except the
+  dashboard's static files (``GET /`` and the ``/ui`` mount), which load without it;
 - bodies: for every route that takes one, malformed JSON, a body of the wrong JSON type, and each field given a
   value of the wrong type (derived from the route's OpenAPI schema) answer 4xx, never 5xx; an oversized body
   answers 413, with a Content-Length and chunked;
@@ -24,7 +25,8 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
 
 from agentbolt import semconv
 from agentbolt.inference.base import GenerationRequest, GenerationResult
@@ -60,6 +62,8 @@ def _leaf_routes(routes: list[BaseRoute]) -> Iterator[tuple[str, set[str]]]:
     for route in routes:
         if isinstance(route, Route):  # APIRoute too
             yield route.path, set(route.methods or ())
+        elif isinstance(route, Mount) and isinstance(route.app, StaticFiles):
+            continue  # the dashboard's static files: public by design (test_dashboard_assets_are_public)
         elif hasattr(route, "effective_route_contexts"):  # FastAPI's included router (newer FastAPI versions)
             for context in route.effective_route_contexts():  # type: ignore[attr-defined]
                 original = context.original_route
@@ -135,6 +139,8 @@ BODY_CASES: dict[tuple[str, str], BodyCase] = {
     ("POST", "/v1/rollouts/{rollout_id}/attempts/{attempt_id}/v1/chat/completions"): BodyCase(
         {"messages": [{"role": "user", "content": "hi"}]}, 404
     ),
+    # the unrecorded route of the optimizer LLM, served by this app's scripted backend
+    ("POST", "/v1/chat/completions"): BodyCase({"messages": [{"role": "user", "content": "hi"}]}, 200),
 }
 """Every route that takes a body. A new one must be added here (the test says so)."""
 
@@ -221,6 +227,8 @@ def test_every_route_requires_the_token() -> None:
         ops = all_operations(app)
         async with serve_in_background(app) as url, httpx.AsyncClient(base_url=url) as client:
             for method, path in ops:
+                if (method, path) in PUBLIC_OPERATIONS:
+                    continue
                 for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
                     resp = await client.request(method, fill(path), headers=headers)
                     assert_error(resp, {401}, f"{method} {path} with {headers or 'no header'}")
@@ -228,6 +236,27 @@ def test_every_route_requires_the_token() -> None:
                 if method == "GET":  # and the right token gets through (not 401)
                     resp = await client.request(method, fill(path), headers=AUTH)
                     assert resp.status_code != 401, f"{method} {path}: {resp.text[:200]}"
+
+    asyncio.run(main())
+
+
+PUBLIC_OPERATIONS = {("GET", "/"), ("HEAD", "/")}
+"""The dashboard's index.html; with the ``/ui`` mount, the only answers a token-guarded server gives without it."""
+
+
+def test_dashboard_assets_are_public() -> None:
+    async def main() -> None:
+        async with serve_in_background(_app()) as url, httpx.AsyncClient(base_url=url) as client:
+            for path in ("/", "/ui/app.js", "/ui/style.css", "/ui/vendor/uPlot.iife.min.js"):
+                resp = await client.get(path)
+                assert resp.status_code == 200, f"{path}: {resp.status_code}"
+            assert "<title>agentbolt</title>" in (await client.get("/")).text
+            blurb = await client.get("/", headers={"Accept": "application/json"})
+            assert blurb.json()["api"] == "/v1"
+            # the same prefix is not a way around the token: anything else, and any other method, stays guarded
+            for method, path in (("POST", "/"), ("PUT", "/ui/app.js"), ("GET", "/v1/rollouts"), ("GET", "/uix")):
+                assert (await client.request(method, path)).status_code == 401, f"{method} {path}"
+            assert (await client.get("/ui/../v1/rollouts")).status_code in (401, 404)
 
     asyncio.run(main())
 

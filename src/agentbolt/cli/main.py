@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import typer
 from pydantic import ValidationError
@@ -18,6 +20,26 @@ app = typer.Typer(
 )
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
+
+
+def _run_job(job: Coroutine[Any, Any, Any]) -> None:
+    """Run a long job (``train``, ``demo``) until it ends or SIGINT/SIGTERM arrives; a signal cancels it, so its
+    runners are stopped and its store closed on the way out (everything finished stays in the store), then exit 130."""
+
+    async def main() -> None:
+        import signal
+
+        task = asyncio.ensure_future(job)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        try:
+            await task
+        except asyncio.CancelledError:
+            console.print("stopped by a signal; the store keeps every rollout and span recorded so far")
+            raise typer.Exit(130) from None
+
+    asyncio.run(main())
 
 
 def _fail(exc: Exception) -> None:
@@ -95,6 +117,7 @@ def serve(
             server_app = create_app(st, backend, token=token, max_body_bytes=max_body_bytes)
             async with serve_in_background(server_app, host, port) as url:
                 console.print(f"agentbolt serving on {url} (store {redact_url(store)}); Ctrl-C to stop")
+                console.print(f"dashboard: {url}/" + (" (it asks for the token once)" if token else ""))
                 await stop.wait()
                 console.print("agentbolt server stopping")
         finally:
@@ -273,7 +296,7 @@ def demo(
             overwrite=overwrite,
             device=device,
         )
-        asyncio.run(run_demo(config, console))
+        _run_job(run_demo(config, console))
     except (AgentboltError, ValidationError) as exc:
         _fail(exc)
 
@@ -304,9 +327,9 @@ def train(
     try:
         job = load_job_config(config, overrides)
         if isinstance(job, TrainConfig):
-            asyncio.run(run_training(job, console))
+            _run_job(run_training(job, console))
         else:
-            asyncio.run(run_prompt_optimization(job, console))
+            _run_job(run_prompt_optimization(job, console))
     except (AgentboltError, ValidationError) as exc:
         _fail(exc)
 

@@ -23,6 +23,7 @@ from pydantic import BaseModel, TypeAdapter
 from agentbolt.errors import ERRORS_BY_NAME, AgentboltError, BackendError, ConfigError
 from agentbolt.store import rules
 from agentbolt.store.base import EnqueueRequest, StoreCapabilities
+from agentbolt.store.search import RolloutPage, RolloutSearch
 from agentbolt.types import (
     Attempt,
     AttemptedRollout,
@@ -41,6 +42,7 @@ from agentbolt.types import (
 T = TypeVar("T")
 
 _ROLLOUTS = TypeAdapter(list[Rollout])
+_PAGE = TypeAdapter(RolloutPage)
 _CLAIMS = TypeAdapter(list[AttemptedRollout])
 _SPANS = TypeAdapter(list[Span])
 _ATTEMPTS = TypeAdapter(list[Attempt])
@@ -201,6 +203,34 @@ class HttpLightningStore:
         if limit is not None:
             params.append(("limit", limit))
         return _ROLLOUTS.validate_json(await self._request("GET", "/v1/rollouts", params=params))
+
+    async def search_rollouts(self, search: RolloutSearch) -> tuple[list[Rollout], int]:
+        """See :meth:`agentbolt.store.base.LightningStore.search_rollouts` (``GET /v1/rollouts/search``)."""
+        if search.status is not None and not search.status:  # matches nothing; a query string cannot say "none"
+            return [], 0
+        params: list[tuple[str, str | int | float]] = [
+            ("sort_by", search.sort_by),
+            ("limit", search.limit),
+            ("offset", search.offset),
+        ]
+        if search.descending:
+            params.append(("descending", "true"))
+        if search.status is not None:
+            params.append(("status", ",".join(s.value for s in search.status)))
+        if search.mode is not None:
+            params.append(("mode", search.mode.value))
+        if search.resources_id is not None:
+            params.append(("resources_id", search.resources_id))
+        if search.metadata is not None:
+            params.append(("metadata", json.dumps(search.metadata)))
+        if search.reward_min is not None:
+            params.append(("reward_min", search.reward_min))
+        if search.reward_max is not None:
+            params.append(("reward_max", search.reward_max))
+        if search.text:
+            params.append(("q", search.text))
+        page = _PAGE.validate_json(await self._request("GET", "/v1/rollouts/search", params=params))
+        return page.items, page.total
 
     async def get_attempt(self, rollout_id: str, attempt_id: str) -> Attempt:
         path = f"/v1/rollouts/{rollout_id}/attempts/{attempt_id}"

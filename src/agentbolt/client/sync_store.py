@@ -22,6 +22,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from agentbolt.client.http_store import HttpLightningStore
 from agentbolt.store.base import EnqueueRequest, StoreCapabilities
+from agentbolt.store.search import RolloutSearch
 from agentbolt.types import (
     Attempt,
     AttemptedRollout,
@@ -182,6 +183,10 @@ class SyncHttpLightningStore:
             sort_by=sort_by,
             descending=descending,
         )
+
+    def search_rollouts(self, search: RolloutSearch) -> tuple[list[Rollout], int]:
+        """See :meth:`agentbolt.store.base.LightningStore.search_rollouts`."""
+        return self._call(self._store.search_rollouts, search)
 
     def get_attempt(self, rollout_id: str, attempt_id: str) -> Attempt:
         """See :meth:`agentbolt.store.base.LightningStore.get_attempt`."""

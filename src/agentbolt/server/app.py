@@ -1,8 +1,10 @@
-"""The FastAPI application: store API, OTLP ingestion, gateway, and (later) dashboard, over one store and one
-inference backend.
+"""The FastAPI application: store API, OTLP ingestion, gateway, and the dashboard, over one store and one inference
+backend.
 
 Every request passes two pure ASGI guards first (:mod:`agentbolt.server.middleware`): the bearer token (when one is
-set, no route answers without it: docs, health, OpenAPI, OTLP and the gateway included), then the body size limit.
+set, no route answers without it: docs, health, OpenAPI, OTLP and the gateway included; only the dashboard's static
+files, ``GET /`` and ``/ui/...``, load without it, and the page then sends the token on every API call), then the body
+size limit.
 The store routes of the rollout lifecycle are then served by calling their endpoints directly
 (:mod:`agentbolt.server.hot_routes`); everything else goes through FastAPI.
 """
@@ -11,23 +13,34 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentbolt.errors import ConfigError
 from agentbolt.inference.base import InferenceBackend
+from agentbolt.server.dashboard_api import router as dashboard_router
 from agentbolt.server.errors import install_error_handlers
 from agentbolt.server.gateway.routes import plain_router as plain_gateway_router
 from agentbolt.server.gateway.routes import router as gateway_router
 from agentbolt.server.gateway.swap import WeightSwapGate
 from agentbolt.server.hot_routes import HotRoutes
-from agentbolt.server.middleware import DEFAULT_MAX_BODY_BYTES, BearerTokenMiddleware, BodySizeLimitMiddleware
+from agentbolt.server.middleware import (
+    DASHBOARD_PREFIX,
+    DEFAULT_MAX_BODY_BYTES,
+    BearerTokenMiddleware,
+    BodySizeLimitMiddleware,
+)
 from agentbolt.server.otlp import router as otlp_router
 from agentbolt.server.store_routes import router as store_router
 from agentbolt.store.base import LightningStore
+
+DASHBOARD_DIR = Path(__file__).parent / "dashboard"
+"""The dashboard's static files (index.html, app.js, style.css, vendor/), shipped as package data."""
 
 
 def _check_token(token: str) -> None:
@@ -84,14 +97,21 @@ def create_app(
     app.state.max_body_bytes = max_body_bytes
     install_error_handlers(app)
 
+    app.include_router(dashboard_router)  # before store_router: /v1/rollouts/search is not a rollout id
     app.include_router(store_router)
     app.include_router(otlp_router)
     app.include_router(gateway_router)
     app.include_router(plain_gateway_router)
 
     @app.get("/", include_in_schema=False)
-    async def _root() -> JSONResponse:
-        return JSONResponse({"service": "agentbolt", "api": "/v1", "openapi": "/openapi.json"})
+    async def _root(request: Request) -> Response:
+        # The dashboard for browsers; the service blurb for clients that ask for JSON (and not for HTML).
+        accept = request.headers.get("accept", "")
+        if "application/json" in accept and "text/html" not in accept:
+            return JSONResponse({"service": "agentbolt", "api": "/v1", "openapi": "/openapi.json", "dashboard": "/"})
+        return FileResponse(DASHBOARD_DIR / "index.html", headers={"cache-control": "no-cache"})
+
+    app.mount(DASHBOARD_PREFIX.rstrip("/"), StaticFiles(directory=DASHBOARD_DIR), name="dashboard")
 
     _document_bearer_auth(app)
 

@@ -41,9 +41,26 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
+DASHBOARD_PREFIX = "/ui/"
+"""Where the dashboard's static files are served (``GET /`` is its index.html)."""
+
+
+def is_dashboard_asset(scope: Scope) -> bool:
+    """Whether the request is a ``GET``/``HEAD`` of the dashboard's static files: ``/`` or ``/ui/...``.
+
+    These load without the token (they are the same files in every installation and hold no data); the page asks for
+    the token and sends it on every ``/v1`` call.
+    """
+    if scope["type"] != "http" or scope["method"] not in ("GET", "HEAD"):
+        return False
+    path: str = scope["path"]
+    return path == "/" or path.startswith(DASHBOARD_PREFIX)
+
+
 class BearerTokenMiddleware:
     """Refuse every HTTP request (and WebSocket) that lacks ``Authorization: Bearer <token>``; 401 otherwise.
 
+    The one exception is the dashboard's static files (:func:`is_dashboard_asset`): ``GET /`` and ``GET /ui/...``.
     The comparison is constant-time (:func:`hmac.compare_digest`). Lifespan events pass through.
 
     Args:
@@ -63,7 +80,7 @@ class BearerTokenMiddleware:
             await self.app(scope, receive, send)
             return
         given = _header(scope, b"authorization")
-        if given is not None and hmac.compare_digest(given, self._expected):
+        if (given is not None and hmac.compare_digest(given, self._expected)) or is_dashboard_asset(scope):
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":

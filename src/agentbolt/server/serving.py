@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import errno
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import uvicorn
 from fastapi import FastAPI
@@ -36,12 +36,22 @@ def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     return sock
 
 
+class _QuietServer(uvicorn.Server):
+    """A uvicorn server that leaves SIGINT/SIGTERM to its host program. uvicorn's own handlers would only stop the
+    server, and a job still waiting on its runners (``agentbolt train``) would then hang; the CLI commands install
+    handlers that stop the whole job instead."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 @contextlib.asynccontextmanager
 async def serve_in_background(app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
     """Serve ``app`` while the ``async with`` block runs; yields the base URL (``http://host:port``)."""
     sock = bind_socket(host, port)
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30, proxy_headers=False)
-    server = uvicorn.Server(config)
+    server = _QuietServer(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
         if task.done():

@@ -24,6 +24,7 @@ from urllib.parse import parse_qs, urlsplit
 from agentbolt.errors import ConfigError
 from agentbolt.store.base import EnqueueRequest, LightningStore, StoreCapabilities
 from agentbolt.store.memory import InMemoryLightningStore
+from agentbolt.store.search import RolloutSearch
 from agentbolt.store.sqlite import SqliteLightningStore
 
 StoreBuilder = Callable[[str], LightningStore]
@@ -149,6 +150,7 @@ __all__ = [
     "EnqueueRequest",
     "InMemoryLightningStore",
     "LightningStore",
+    "RolloutSearch",
     "SqliteLightningStore",
     "StoreBuilder",
     "StoreCapabilities",

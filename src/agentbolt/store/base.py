@@ -19,6 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel
 
+from agentbolt.store.search import RolloutSearch
 from agentbolt.types import (
     Attempt,
     AttemptedRollout,
@@ -142,6 +143,15 @@ class LightningStore(Protocol):
         Raises:
             ConfigError: a negative ``limit``/``offset``, or an unknown ``sort_by`` (the message lists the allowed
                 fields).
+        """
+        ...
+
+    async def search_rollouts(self, search: RolloutSearch) -> tuple[list[Rollout], int]:
+        """One page of the rollouts matching ``search`` (filters, order and page: see
+        :class:`~agentbolt.store.search.RolloutSearch`), and how many matched before paging.
+
+        Built for the dashboard: SQL backends answer a page of 100k rollouts in milliseconds (indexes on
+        ``final_reward``; text search scans).
         """
         ...
 

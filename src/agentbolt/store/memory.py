@@ -20,6 +20,7 @@ from pydantic_core import PydanticSerializationError
 from agentbolt.errors import AgentboltError, ConfigError, NotFoundError
 from agentbolt.store import rules
 from agentbolt.store.base import EnqueueRequest, StoreCapabilities
+from agentbolt.store.search import RolloutSearch, search_page
 from agentbolt.types import (
     Attempt,
     AttemptedRollout,
@@ -292,6 +293,13 @@ class InMemoryLightningStore:
         found = rules.sort_rollouts(found, sort_by, descending)
         end = None if limit is None else offset + limit
         return [r.model_copy(deep=True) for r in found[offset:end]]
+
+    async def search_rollouts(self, search: RolloutSearch) -> tuple[list[Rollout], int]:
+        """One page of the rollouts matching ``search`` and the number that matched (see the contract)."""
+        self._start()
+        self._expire(time.time())
+        page, total = search_page(self._rollouts.values(), search)
+        return [r.model_copy(deep=True) for r in page], total
 
     async def get_attempt(self, rollout_id: str, attempt_id: str) -> Attempt:
         """One attempt. Raises NotFoundError."""

@@ -38,10 +38,11 @@ except ImportError as exc:  # exercised by a test that hides psycopg
 
 from agentbolt.errors import AgentboltError, ConfigError
 from agentbolt.store import postgres_schema as schema
-from agentbolt.store import rules, tables, waiting
+from agentbolt.store import postgres_search, rules, tables, waiting
 from agentbolt.store.base import EnqueueRequest, StoreCapabilities
 from agentbolt.store.postgres_pool import PostgresConnections, redact_url
 from agentbolt.store.postgres_schema import Conn, sql
+from agentbolt.store.search import RolloutSearch
 from agentbolt.types import (
     Attempt,
     AttemptedRollout,
@@ -383,6 +384,10 @@ class PostgresLightningStore:
         return await self._read_after_expiry(
             functools.partial(schema.ROLLOUTS.fetch_all, clauses=clauses, params=params)
         )
+
+    async def search_rollouts(self, search: RolloutSearch) -> tuple[list[Rollout], int]:
+        """One page of the rollouts matching ``search`` and the number that matched (:mod:`.postgres_search`)."""
+        return await self._read_after_expiry(functools.partial(postgres_search.search_rollouts, search=search))
 
     async def get_attempt(self, rollout_id: str, attempt_id: str) -> Attempt:
         """One attempt. Raises NotFoundError."""

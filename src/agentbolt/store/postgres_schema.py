@@ -117,6 +117,8 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX metrics_by_name ON metrics (name, train_step, metric_seq)",
         ),
     ),
+    # The dashboard's rollout search (agentbolt.store.postgres_search): reward ranges and the final_reward sort.
+    Migration(2, ("CREATE INDEX rollouts_by_reward ON rollouts (final_reward)",)),
 )
 
 

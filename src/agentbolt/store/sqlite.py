@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from agentbolt.errors import AgentboltError, ConfigError
-from agentbolt.store import rules, tables, waiting
+from agentbolt.store import rules, sqlite_search, tables, waiting
 from agentbolt.store import sqlite_schema as schema
 from agentbolt.store.base import EnqueueRequest, StoreCapabilities
+from agentbolt.store.search import RolloutSearch
 from agentbolt.store.sqlite_inline import InlineBusy, InlineRunner, LockedElsewhere, is_lock_error
 from agentbolt.store.sqlite_writer import GroupCommitThread
 from agentbolt.types import (
@@ -443,6 +444,10 @@ class SqliteLightningStore:
         params.extend([-1 if limit is None else limit, offset])
         read = functools.partial(schema.ROLLOUTS.fetch_all, clauses=clauses, params=params)
         return await self._run(self._read_after_expiry, read)
+
+    async def search_rollouts(self, search: RolloutSearch) -> tuple[list[Rollout], int]:
+        """One page of the rollouts matching ``search`` and the number that matched (:mod:`.sqlite_search`)."""
+        return await self._run(self._read_after_expiry, sqlite_search.search_rollouts, search)
 
     async def get_attempt(self, rollout_id: str, attempt_id: str) -> Attempt:
         """One attempt. Raises NotFoundError."""

@@ -129,6 +129,9 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX attempts_active ON attempts (rollout_id) WHERE status IN ('preparing', 'running')",
         ),
     ),
+    # The dashboard's rollout search (agentbolt.store.sqlite_search): reward ranges and the final_reward sort read
+    # this index instead of sorting every row. A rollout's reward is written once, when it ends.
+    Migration(3, ("CREATE INDEX rollouts_by_reward ON rollouts (final_reward)",)),
 )
 
 

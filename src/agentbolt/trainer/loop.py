@@ -229,6 +229,8 @@ class RLTrainer:
         compile_agent_match(agent_match)
         self.swap_gate = swap_gate
         self.versions: list[str] = [backend.model_version]
+        self.last_train_step = 0  # the last finished step: the train_step of evaluate()'s val_accuracy metrics
+        self._throughput_mark = self._throughput()
         self.agent_match = agent_match
         self.store = store
         self.sync_weights = sync_weights
@@ -324,7 +326,11 @@ class RLTrainer:
         on_progress: ProgressCallback | None = None,
         label: str = "eval",
     ) -> dict[str, float]:
-        """Run every validation task once (greedy by default); return accuracy per set, in [0, 1]."""
+        """Run every validation task once (greedy by default); return accuracy per set, in [0, 1].
+
+        Also stores each as metric ``val_accuracy/<set name>`` at ``train_step`` = the last finished step (0 before
+        the first).
+        """
         resources_id = await self.publish_resources(temperature=self.config.eval_temperature, purpose=label)
         flat = [(name, task) for name, tasks in val_sets.items() for task in tasks]
         rollouts = await self.run_rollouts(
@@ -337,7 +343,15 @@ class RLTrainer:
         by_set: dict[str, list[float]] = {name: [] for name in val_sets}
         for (name, _), rollout in zip(flat, rollouts, strict=True):
             by_set[name].append(await self.named_reward(rollout, self.config.accuracy_reward_name))
-        return {name: (statistics.fmean(v) if v else 0.0) for name, v in by_set.items()}
+        accuracy = {name: (statistics.fmean(v) if v else 0.0) for name, v in by_set.items()}
+        now = time.time()
+        await self.store.add_metrics(
+            [
+                Metric(name=f"val_accuracy/{name}", train_step=self.last_train_step, value=v, time=now)
+                for name, v in accuracy.items()
+            ]
+        )
+        return accuracy
 
     def sample_tasks(self, tasks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """Draw ``tasks_per_step`` distinct tasks (with the trainer's seeded RNG)."""
@@ -472,8 +486,30 @@ class RLTrainer:
                 result.dropped_by_agent,
                 n_unmatched,
             )
-        await self.store.add_metrics(self._metrics(result))
+        metrics = self._metrics(result)
+        tokens_per_s = self._tokens_per_s_since_last()
+        if tokens_per_s is not None:
+            metrics.append(Metric(name="tokens_per_s", train_step=train_step, value=tokens_per_s, time=time.time()))
+        await self.store.add_metrics(metrics)
+        self.last_train_step = train_step
         return result
+
+    def _throughput(self) -> tuple[int, float] | None:
+        """``(generated_tokens, generation_s)`` of the backend's counters, or ``None`` when it keeps none."""
+        stats = getattr(self.backend, "stats", None)
+        tokens, seconds = getattr(stats, "generated_tokens", None), getattr(stats, "generation_s", None)
+        if isinstance(tokens, int) and isinstance(seconds, (int, float)):
+            return tokens, float(seconds)
+        return None
+
+    def _tokens_per_s_since_last(self) -> float | None:
+        """Generated tokens per second of generation time since the previous call (``None``: no counters, or no
+        generation in between)."""
+        now, before = self._throughput(), self._throughput_mark
+        self._throughput_mark = now
+        if now is None or before is None or now[1] <= before[1]:
+            return None
+        return (now[0] - before[0]) / (now[1] - before[1])
 
     async def train_step(
         self,

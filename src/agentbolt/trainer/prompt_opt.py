@@ -19,6 +19,7 @@ Shown while it runs: a bar of rounds (APO) or iterations (GEPA), a bar of rollou
 
 from __future__ import annotations
 
+import asyncio
 import difflib
 import importlib
 import json
@@ -152,6 +153,7 @@ async def run_prompt_optimization(config: PromptOptConfig, console: Console | No
     """
     from agentbolt.algorithms.apo import StoreEvaluator, build_optimizer_llm, optimize_apo, optimize_gepa
     from agentbolt.algorithms.apo.candidates import ProgressEvent
+    from agentbolt.algorithms.apo.templates import load_templates
     from agentbolt.algorithms.apo.types import Candidate, TaskResult
     from agentbolt.inference.model_files import get_model_spec
     from agentbolt.trainer.demo import check_device, load_tasks_module
@@ -175,8 +177,9 @@ async def run_prompt_optimization(config: PromptOptConfig, console: Console | No
         raise ConfigError(
             f"{config.tasks} gave {len(train_tasks)} training and {len(val_tasks)} validation tasks; both are needed"
         )
-    db_path = fresh_db_path(config.out_dir, overwrite=config.overwrite)
     settings = config.apo if config.algorithm == "apo" else config.gepa
+    templates = load_templates(settings.templates)  # a bad override fails here, before anything is written
+    db_path = fresh_db_path(config.out_dir, overwrite=config.overwrite)
     rounds = config.apo.rounds if config.algorithm == "apo" else config.gepa.max_iterations
     console.print(
         f"[bold]agentbolt train[/]: algorithm={config.algorithm} model={config.model} prompts={sorted(seed_prompts)} "
@@ -248,32 +251,37 @@ async def run_prompt_optimization(config: PromptOptConfig, console: Console | No
             "base_resources": {"llm": llm},
             "run_metadata": {"job": "agentbolt train", "model": config.model},
             "on_progress": report,
+            "templates": templates,
         }
-        with progress:
-            t_opt = time.perf_counter()
-            if isinstance(settings, APOConfig):
-                result = await optimize_apo(settings, **arguments)
-            else:
-                result = await optimize_gepa(settings, **arguments)
-            optimize_s = time.perf_counter() - t_opt
-            test_before = test_after = None
-            test_rollouts = 0
-            t_test = time.perf_counter()
-            if test_tasks:
-                progress.update(rollout_bar, description="test rollouts", total=0, completed=0)
-
-                async def test_score(candidate: Candidate) -> float:
-                    results: list[TaskResult] = await evaluator(candidate, test_tasks, mode=RolloutMode.TEST)
-                    return sum(r.reward for r in results) / len(results)
-
-                test_before = await test_score(result.seed.candidate)
-                test_rollouts = len(test_tasks)
-                if result.best.candidate.candidate_id == result.seed.candidate.candidate_id:
-                    test_after = test_before
+        try:
+            with progress:
+                t_opt = time.perf_counter()
+                if isinstance(settings, APOConfig):
+                    result = await optimize_apo(settings, **arguments)
                 else:
-                    test_after = await test_score(result.best.candidate)
-                    test_rollouts += len(test_tasks)
-            test_s = time.perf_counter() - t_test
+                    result = await optimize_gepa(settings, **arguments)
+                optimize_s = time.perf_counter() - t_opt
+                test_before = test_after = None
+                test_rollouts = 0
+                t_test = time.perf_counter()
+                if test_tasks:
+                    progress.update(rollout_bar, description="test rollouts", total=0, completed=0)
+
+                    async def test_score(candidate: Candidate) -> float:
+                        results: list[TaskResult] = await evaluator(candidate, test_tasks, mode=RolloutMode.TEST)
+                        return sum(r.reward for r in results) / len(results)
+
+                    if result.best.candidate.candidate_id == result.seed.candidate.candidate_id:
+                        test_before = test_after = await test_score(result.seed.candidate)
+                        test_rollouts = len(test_tasks)
+                    else:  # together, so the two candidates' calls share the model's batches
+                        test_before, test_after = await asyncio.gather(
+                            test_score(result.seed.candidate), test_score(result.best.candidate)
+                        )
+                        test_rollouts = 2 * len(test_tasks)
+                test_s = time.perf_counter() - t_test
+        finally:
+            await optimizer.aclose()
         generation = backend.stats
 
     best_prompts = dict(result.best.candidate.prompts)

@@ -119,13 +119,21 @@ class OptimizerLLM:
         model: str,
         sampling: Mapping[str, SamplingValue] | None = None,
         cache: CallCache | None = None,
+        close: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.create = create
+        self._close = close
         self.model = model
         self.sampling: dict[str, SamplingValue] = dict(sampling or {})
         self.cache = cache
         self.calls = 0
         self.cache_hits = 0
+
+    async def aclose(self) -> None:
+        """Close the HTTP client this object was built with (:func:`build_optimizer_llm`); idempotent."""
+        close, self._close = self._close, None
+        if close is not None:
+            await close()
 
     async def complete(self, prompt: str, *, sample_index: int = 0) -> str:
         """The optimizer's reply (``choices[0].message.content``; ``""`` when it has none) to ``prompt`` sent as one
@@ -176,4 +184,5 @@ def build_optimizer_llm(config: OptimizerLLMConfig) -> OptimizerLLM:
         model=config.model,
         sampling={"temperature": config.temperature, "max_tokens": config.max_tokens},
         cache=cache,
+        close=client.close,
     )

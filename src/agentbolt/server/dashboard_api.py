@@ -1,0 +1,386 @@
+"""The JSON API of the dashboard under ``/v1``: rollout search, an attempt's transitions, scores per resources
+version, an error summary and metric names. Read-only; every route goes through the store contract.
+
+- ``GET /v1/rollouts/search``: :meth:`~agentbolt.store.base.LightningStore.search_rollouts` (``{"items", "total"}``).
+- ``GET /v1/rollouts/{rollout_id}/transitions``: the attempt's LLM calls as training sees them: the adapter's
+  transitions, credited rewards and advantages computed as ``agentbolt export --format rl`` does
+  (:func:`agentbolt.cli.export.rl_rows`, GRPO and ``broadcast`` credit, unmerged) over the rollout's group: the
+  finished rollouts with the same ``metadata.task_id``, ``metadata.train_step``, mode and resources version.
+- ``GET /v1/resources/scores``: rollout count and mean ``final_reward`` per resources version, overall and by mode.
+- ``GET /v1/errors/summary``: failed, timed-out and unresponsive attempts of the most recently ended failed
+  rollouts, by kind, with a time series per kind.
+- ``GET /v1/metrics/names``: the distinct metric names (``GET /v1/metrics?name=`` serves the points).
+
+The token of a server started with one guards these routes like every other (``/v1`` is behind the middleware).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from typing import Any, Final
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from pydantic import BaseModel, ValidationError
+
+from agentbolt import semconv
+from agentbolt.adapter import build_trajectory
+from agentbolt.adapter.signals import infrastructure_failure, is_tool_span
+from agentbolt.store import rules
+from agentbolt.store.base import LightningStore
+from agentbolt.store.search import MAX_SEARCH_LIMIT, RolloutPage, RolloutSearch
+from agentbolt.types import (
+    TERMINAL_ROLLOUT_STATUSES,
+    Attempt,
+    AttemptStatus,
+    Rollout,
+    RolloutMode,
+    RolloutStatus,
+    Span,
+)
+
+router = APIRouter(prefix="/v1", tags=["dashboard"])
+
+FAILED_ATTEMPT_STATUSES: Final = frozenset({AttemptStatus.FAILED, AttemptStatus.TIMEOUT, AttemptStatus.UNRESPONSIVE})
+"""Attempt statuses the error summary counts."""
+ERROR_LABELS: Final[dict[str, str]] = {
+    "timeout": "Attempt timed out",
+    "unresponsive": "Runner stopped sending heartbeats",
+    "gateway_error": "Inference backend failed (gateway)",
+    "llm_error": "LLM call refused (e.g. context length)",
+    "tool_failure": "A tool call failed",
+}
+"""Human labels of the error kinds; ``agent_exception:<type>`` kinds are labelled with the exception type."""
+_PAGE: Final = 1000
+
+
+def _store(request: Request) -> LightningStore:
+    return request.app.state.store
+
+
+# ------------------------------------------------------------------------------------------------------ search
+@router.get("/rollouts/search", response_model=RolloutPage)
+async def search_rollouts(
+    request: Request,
+    status: str | None = Query(None, description="comma-separated rollout statuses, e.g. succeeded,failed"),
+    mode: RolloutMode | None = None,
+    resources_id: str | None = None,
+    reward_min: float | None = Query(None, description="inclusive lower bound on final_reward"),
+    reward_max: float | None = Query(None, description="inclusive upper bound on final_reward"),
+    q: str | None = Query(None, description="case-insensitive substring of the rollout id or the input's JSON"),
+    metadata: str | None = Query(None, description='JSON object of metadata equalities, e.g. {"task_id": "t1"}'),
+    sort_by: str = Query(rules.DEFAULT_ROLLOUT_SORT, description=f"one of {', '.join(rules.ROLLOUT_SORT_FIELDS)}"),
+    descending: bool = False,
+    limit: int = Query(50, ge=0, le=MAX_SEARCH_LIMIT),
+    offset: int = Query(0, ge=0),
+) -> RolloutPage:
+    """Rollouts matching every filter, sorted and paged, with the total number that matched (422 on bad input)."""
+    try:
+        statuses = None if status is None else tuple(RolloutStatus(s.strip()) for s in status.split(",") if s.strip())
+        search = RolloutSearch(
+            status=statuses,
+            mode=mode,
+            resources_id=resources_id,
+            metadata=None if metadata is None else json.loads(metadata),
+            reward_min=reward_min,
+            reward_max=reward_max,
+            text=q,
+            sort_by=sort_by,
+            descending=descending,
+            limit=limit,
+            offset=offset,
+        )
+    except (ValueError, ValidationError) as exc:  # ValidationError is a ValueError; both named for the reader
+        raise HTTPException(422, f"bad rollout search: {exc}") from None
+    items, total = await _store(request).search_rollouts(search)
+    return RolloutPage(items=items, total=total)
+
+
+# ------------------------------------------------------------------------------------------------- transitions
+class PromptToken(BaseModel):
+    """A prompt token: its id and text (``None`` when the server has no tokenizer)."""
+
+    id: int
+    text: str | None
+
+
+class ResponseToken(BaseModel):
+    """A generated token: id, text, sampling logprob, and ``loss_mask`` 1 when training uses it (0: not trained)."""
+
+    id: int
+    text: str | None
+    logprob: float
+    loss_mask: int
+
+
+class TransitionView(BaseModel):
+    """One LLM call of an attempt as training sees it.
+
+    ``reward``: the credited reward (``broadcast``), else the reward attached by the adapter, else ``None``.
+    ``advantage``: GRPO over the rollout's group; ``None`` when it cannot be computed (not trained: a val rollout,
+    no ``task_id``, a failed or superseded attempt...).
+    """
+
+    index: int
+    span_id: str | None
+    agent_name: str | None
+    prompt: list[PromptToken]
+    response: list[ResponseToken]
+    reward: float | None
+    advantage: float | None
+    model_version: str | None
+
+
+def _decoder(request: Request) -> Any:
+    """The embedded backend's tokenizer, or ``None`` (other backends have none the server can use)."""
+    return getattr(request.app.state.backend, "tokenizer", None)
+
+
+def _texts(tokenizer: Any, ids: Sequence[int]) -> list[str | None]:
+    if tokenizer is None:
+        return [None] * len(ids)
+    return [tokenizer.decode([i]) for i in ids]
+
+
+async def _group_rows(store: LightningStore, rollout: Rollout, attempt: Attempt) -> dict[str, dict[str, Any]]:
+    """The ``rl`` rows of ``rollout`` (span id of their one call -> row), computed over its group; ``{}`` when it
+    has no group (no ``task_id``) or is not trained."""
+    from agentbolt.cli.export import rl_rows
+    from agentbolt.cli.stores import FinishedRollout
+
+    task_id = rollout.metadata.get("task_id")
+    if task_id is None or rollout.mode is not RolloutMode.TRAIN:
+        return {}
+    equal: dict[str, str | int] = {"task_id": task_id} if isinstance(task_id, (str, int)) else {}
+    train_step = rollout.metadata.get("train_step")
+    if isinstance(train_step, int) and not isinstance(train_step, bool):
+        equal["train_step"] = train_step
+    search = RolloutSearch(
+        status=tuple(sorted(TERMINAL_ROLLOUT_STATUSES)),
+        mode=rollout.mode,
+        resources_id=rollout.resources_id,
+        metadata=equal or None,
+        limit=MAX_SEARCH_LIMIT,
+    )
+    members, _ = await store.search_rollouts(search)
+    resources_id = rollout.resources_id or attempt.resources_id
+    finished: list[FinishedRollout] = []
+    for member in members:
+        if member.metadata.get("task_id") != task_id or member.metadata.get("train_step") != train_step:
+            continue
+        attempts = await store.query_attempts(member.rollout_id)
+        last = attempts[-1] if attempts else None
+        if (member.resources_id or (last.resources_id if last else None)) != resources_id:
+            continue
+        spans = await store.query_spans(member.rollout_id, last.attempt_id) if last is not None else []
+        finished.append(FinishedRollout(member, last, spans))
+    rows, _ = rl_rows(finished, merge_samples=False)
+    return {
+        row["span_ids"][0]: row
+        for row in rows
+        if row["rollout_id"] == rollout.rollout_id and row["attempt_id"] == attempt.attempt_id and row["span_ids"]
+    }
+
+
+@router.get("/rollouts/{rollout_id}/transitions", response_model=list[TransitionView])
+async def rollout_transitions(rollout_id: str, request: Request, attempt_id: str | None = None) -> list[TransitionView]:
+    """The LLM calls of one attempt (default: the latest) with token texts, rewards and advantages; 404 if unknown."""
+    store = _store(request)
+    rollout = await store.get_rollout(rollout_id)
+    if attempt_id is None:
+        attempts = await store.query_attempts(rollout_id)
+        if not attempts:
+            return []
+        attempt = attempts[-1]
+    else:
+        attempt = await store.get_attempt(rollout_id, attempt_id)
+    spans = await store.query_spans(rollout_id, attempt.attempt_id)
+    trajectory = build_trajectory(rollout, attempt.attempt_id, spans)
+    rows = await _group_rows(store, rollout, attempt)
+    tokenizer = _decoder(request)
+    out: list[TransitionView] = []
+    for index, transition in enumerate(trajectory.transitions):
+        row = rows.get(transition.span_id or "")
+        n_response = len(transition.response_token_ids)
+        mask = row["response_loss_mask"] if row and len(row["response_loss_mask"]) == n_response else None
+        reward = transition.reward
+        if row is not None and row["transition_rewards"]:
+            reward = row["transition_rewards"][0]
+        model_version = transition.metadata.get("model_version")
+        out.append(
+            TransitionView(
+                index=index,
+                span_id=transition.span_id,
+                agent_name=transition.agent_name,
+                prompt=[
+                    PromptToken(id=i, text=t)
+                    for i, t in zip(
+                        transition.prompt_token_ids, _texts(tokenizer, transition.prompt_token_ids), strict=True
+                    )
+                ],
+                response=[
+                    ResponseToken(id=i, text=t, logprob=lp, loss_mask=int(mask[k]) if mask else 0)
+                    for k, (i, t, lp) in enumerate(
+                        zip(
+                            transition.response_token_ids,
+                            _texts(tokenizer, transition.response_token_ids),
+                            transition.sampling_logprobs,
+                            strict=True,
+                        )
+                    )
+                ],
+                reward=None if reward is None else float(reward),
+                advantage=None if row is None else float(row["advantage"]),
+                model_version=None if model_version is None else str(model_version),
+            )
+        )
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------ scores
+class ModeScore(BaseModel):
+    """Finished rollouts with a reward (``n``) and their mean ``final_reward`` (``None`` when ``n == 0``)."""
+
+    n: int
+    mean_reward: float | None
+
+
+class ResourcesScore(ModeScore):
+    """:class:`ModeScore` over every mode, and per mode (``train``, ``val``, ``test``)."""
+
+    by_mode: dict[str, ModeScore]
+
+
+async def _all_rollouts(store: LightningStore, statuses: Sequence[RolloutStatus]) -> list[Rollout]:
+    out: list[Rollout] = []
+    while True:
+        page = await store.query_rollouts(status=statuses, limit=_PAGE, offset=len(out))
+        out.extend(page)
+        if len(page) < _PAGE:
+            return out
+
+
+def _score(rewards: Sequence[float]) -> ModeScore:
+    return ModeScore(n=len(rewards), mean_reward=math.fsum(rewards) / len(rewards) if rewards else None)
+
+
+@router.get("/resources/scores", response_model=dict[str, ResourcesScore])
+async def resources_scores(request: Request) -> dict[str, ResourcesScore]:
+    """Mean ``final_reward`` of the finished (succeeded or failed) rollouts with a reward, per pinned resources
+    version, overall and by mode. Rollouts enqueued for "the latest" version (``resources_id`` null) are left out."""
+    finished = await _all_rollouts(_store(request), [RolloutStatus.SUCCEEDED, RolloutStatus.FAILED])
+    rewards: dict[str, dict[str, list[float]]] = {}
+    for rollout in finished:
+        if rollout.resources_id is None or rollout.final_reward is None:
+            continue
+        rewards.setdefault(rollout.resources_id, {}).setdefault(rollout.mode.value, []).append(rollout.final_reward)
+    out: dict[str, ResourcesScore] = {}
+    for resources_id, by_mode in rewards.items():
+        overall = _score([r for values in by_mode.values() for r in values])
+        out[resources_id] = ResourcesScore(
+            n=overall.n,
+            mean_reward=overall.mean_reward,
+            by_mode={mode: _score(values) for mode, values in sorted(by_mode.items())},
+        )
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------ errors
+class ErrorExample(BaseModel):
+    """The most recent attempt of one error kind."""
+
+    rollout_id: str
+    attempt_id: str
+
+
+class ErrorKind(BaseModel):
+    """One kind of failure: how many attempts, a ``(bucket_start_epoch_s, count)`` series, one example."""
+
+    kind: str
+    label: str
+    count: int
+    series: list[tuple[float, int]]
+    example: ErrorExample
+
+
+class ErrorSummary(BaseModel):
+    """Error kinds, most frequent first."""
+
+    kinds: list[ErrorKind]
+
+
+def error_kind(attempt: Attempt, spans: Sequence[Span]) -> str:
+    """The kind of a failed attempt, first rule that applies: ``timeout``/``unresponsive`` (attempt status),
+    ``gateway_error`` (an infrastructure error code on an LLM span,
+    :func:`agentbolt.adapter.signals.infrastructure_failure`), ``agent_exception:<type>`` (the attempt's
+    ``error.type``, else the first ``agentbolt.exception`` span's ``exception.type``), ``tool_failure`` (a tool span
+    with status ERROR), ``llm_error`` (an LLM span with an error), else ``agent_exception:unknown``."""
+    if attempt.status in (AttemptStatus.TIMEOUT, AttemptStatus.UNRESPONSIVE):
+        return attempt.status.value
+    if infrastructure_failure(attempt.status, spans) is not None:
+        return "gateway_error"
+    error_type = (attempt.error or {}).get("type")
+    if not error_type:
+        for span in spans:
+            if span.name == semconv.SPAN_EXCEPTION and span.attributes.get(semconv.EXCEPTION_TYPE):
+                error_type = span.attributes[semconv.EXCEPTION_TYPE]
+                break
+    if error_type:
+        return f"agent_exception:{error_type}"
+    if any(is_tool_span(s) and s.status.code == "ERROR" for s in spans):
+        return "tool_failure"
+    if any(
+        s.name == semconv.SPAN_LLM_CALL
+        and (s.attributes.get(semconv.LLM_ERROR) or s.attributes.get(semconv.LLM_ERROR_CODE))
+        for s in spans
+    ):
+        return "llm_error"
+    return "agent_exception:unknown"
+
+
+@router.get("/errors/summary", response_model=ErrorSummary)
+async def errors_summary(
+    request: Request,
+    bucket_s: float = Query(60.0, gt=0, description="width of a series bucket, seconds"),
+    max_rollouts: int = Query(500, ge=1, le=10_000, description="failed rollouts read, most recently ended first"),
+) -> ErrorSummary:
+    """Failed/timeout/unresponsive attempts of the ``max_rollouts`` most recently ended failed rollouts, by kind.
+    Cancellations are not errors and are left out. Buckets start at multiples of ``bucket_s`` (attempt end time)."""
+    store = _store(request)
+    failed = await store.query_rollouts(
+        status=[RolloutStatus.FAILED], sort_by="end_time", descending=True, limit=max_rollouts
+    )
+    counts: dict[str, dict[float, int]] = {}
+    examples: dict[str, tuple[float, ErrorExample]] = {}
+    for rollout in failed:
+        for attempt in await store.query_attempts(rollout.rollout_id):
+            if attempt.status not in FAILED_ATTEMPT_STATUSES or (attempt.error or {}).get("type") == "cancelled":
+                continue
+            spans = await store.query_spans(rollout.rollout_id, attempt.attempt_id)
+            kind = error_kind(attempt, spans)
+            when = attempt.end_time if attempt.end_time is not None else attempt.start_time
+            bucket = math.floor(when / bucket_s) * bucket_s
+            series = counts.setdefault(kind, {})
+            series[bucket] = series.get(bucket, 0) + 1
+            if kind not in examples or when > examples[kind][0]:
+                examples[kind] = (when, ErrorExample(rollout_id=rollout.rollout_id, attempt_id=attempt.attempt_id))
+    kinds = [
+        ErrorKind(
+            kind=kind,
+            label=ERROR_LABELS.get(kind, kind.removeprefix("agent_exception:") + " raised by the agent"),
+            count=sum(series.values()),
+            series=sorted(series.items()),
+            example=examples[kind][1],
+        )
+        for kind, series in counts.items()
+    ]
+    kinds.sort(key=lambda k: (-k.count, k.kind))
+    return ErrorSummary(kinds=kinds)
+
+
+# ----------------------------------------------------------------------------------------------------- metrics
+@router.get("/metrics/names", response_model=list[str])
+async def metric_names(request: Request) -> list[str]:
+    """The distinct names of the stored metrics, sorted."""
+    return sorted({m.name for m in await _store(request).query_metrics()})
