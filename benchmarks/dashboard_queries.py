@@ -4,7 +4,8 @@ Fill (documented direct path, not the store API): rows are written straight into
 :class:`~agentbolt.store.SqliteLightningStore`, with the column order of :mod:`agentbolt.store.tables` and JSON encoded
 as the store encodes it; 10 spans per rollout (3 gateway LLM calls with token ids and logprobs, 3 tool calls, an
 exception on failures, a reward), inputs shaped like the calc and room tasks of ``examples/``. Then the real server
-(uvicorn on 127.0.0.1) is started over that file and each query is timed end to end with httpx, 20 requests each.
+(uvicorn on 127.0.0.1) is started over that file and each query is timed end to end with httpx, 20 requests each
+(3 for the scores and the error summary); ``--only scores`` times only the queries whose label contains ``scores``.
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ def fill(path: Path, n_rollouts: int, seed: int = 0) -> None:
     conn.close()
 
 
-async def measure(path: Path, n_rollouts: int, repeats: int) -> list[tuple[str, float, float]]:
+async def measure(path: Path, n_rollouts: int, repeats: int, only: str | None = None) -> list[tuple[str, float, float]]:
     store = SqliteLightningStore(path)
     sample_id = f"ro-{(n_rollouts // 2) | 1:08d}"
     queries = {
@@ -163,6 +164,8 @@ async def measure(path: Path, n_rollouts: int, repeats: int) -> list[tuple[str, 
         "errors/summary (500 failed)": "/v1/errors/summary?bucket_s=3600",
         "resources/scores (all rollouts)": "/v1/resources/scores",
     }
+    if only is not None:
+        queries = {label: query for label, query in queries.items() if only in label}
     out: list[tuple[str, float, float]] = []
     try:
         async with (
@@ -188,6 +191,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rollouts", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--only", default=None, help="time only the queries whose label contains this, e.g. scores")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "store.db"
@@ -197,7 +201,7 @@ def main() -> None:
             f"filled {args.rollouts} rollouts, ~{args.rollouts * 19 // 2} spans in {time.perf_counter() - t0:.1f} s"
             f" ({path.stat().st_size / 1e6:.0f} MB)"
         )
-        rows = asyncio.run(measure(path, args.rollouts, args.repeats))
+        rows = asyncio.run(measure(path, args.rollouts, args.repeats, args.only))
     print(f"{'query':40s} {'median ms':>10s} {'p95 ms':>8s}")
     for label, median, p95 in rows:
         print(f"{label:40s} {median:10.1f} {p95:8.1f}")

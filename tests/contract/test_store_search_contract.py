@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 from pydantic import ValidationError
 
-from agentbolt.store import LightningStore, RolloutSearch
+from agentbolt.store import LightningStore, ResourceRewardStats, RolloutSearch
 from agentbolt.types import AttemptStatus, PromptTemplate, Rollout, RolloutConfig, RolloutMode, RolloutStatus
 
 Run = Callable[[Callable[[LightningStore], Awaitable[None]]], None]
@@ -122,3 +122,66 @@ def test_search_rejects_bad_arguments() -> None:
     ):
         with pytest.raises(ValidationError):
             RolloutSearch.model_validate(bad)
+
+
+def test_reward_stats_groups_finished_rollouts(run_with_store: Run) -> None:
+    """``reward_stats`` over the table above plus three more (worked out by hand):
+
+    | name | mode  | resources | ends      | final_reward |
+    |------|-------|-----------|-----------|--------------|
+    | r6   | train | (latest)  | succeeded | 0.25         |
+    | r7   | val   | rs A      | cancelled | None         |
+    | r8   | train | rs B      | succeeded | 0.5          |
+
+    rs A train: r0, r1 -> n 2, rewards {1, 0}, mean 0.5; rs A val: r2 -> n 1, mean 0.5 (r7 cancelled: not finished);
+    rs B train: r3 (failed, no reward), r4, r8 -> n 3, n_with_reward 2, mean (0.75 + 0.5) / 2 = 0.625;
+    latest (None) train: r6 -> n 1, mean 0.25 (r5 is still queuing).
+    """
+
+    async def body(store: LightningStore) -> None:
+        assert await store.reward_stats() == []
+        _, rs_a, rs_b = await _fill(store)
+        await store.cancel_rollout(
+            (await store.enqueue_rollout({"q": "r7"}, mode=RolloutMode.VAL, resources_id=rs_a)).rollout_id
+        )
+        for resources_id, reward in ((None, 0.25), (rs_b, 0.5)):
+            rollout = await store.enqueue_rollout({"q": "more"}, resources_id=resources_id)
+            claimed = await store.claim_rollout("w-1")
+            # r5 (queuing since _fill) is claimed first: end it, then claim again
+            while claimed is not None and claimed.rollout.rollout_id != rollout.rollout_id:
+                await store.cancel_rollout(claimed.rollout.rollout_id)
+                claimed = await store.claim_rollout("w-1")
+            assert claimed is not None
+            attempt_id = claimed.attempt.attempt_id
+            await store.update_attempt(rollout.rollout_id, attempt_id, A.RUNNING)
+            await store.update_attempt(rollout.rollout_id, attempt_id, A.SUCCEEDED, final_reward=reward)
+        T, V = RolloutMode.TRAIN, RolloutMode.VAL
+        expected = [
+            ResourceRewardStats(resources_id=None, mode=T, n=1, n_with_reward=1, mean_reward=0.25),
+            ResourceRewardStats(resources_id=rs_a, mode=T, n=2, n_with_reward=2, mean_reward=0.5),
+            ResourceRewardStats(resources_id=rs_a, mode=V, n=1, n_with_reward=1, mean_reward=0.5),
+            ResourceRewardStats(resources_id=rs_b, mode=T, n=3, n_with_reward=2, mean_reward=0.625),
+        ]
+        assert rs_a < rs_b  # the order of the expected list
+        assert await store.reward_stats() == expected
+
+    run_with_store(body)
+
+
+def test_reward_stats_group_without_rewards(run_with_store: Run) -> None:
+    """A group whose finished rollouts all lack a reward: ``n_with_reward`` 0, ``mean_reward`` None."""
+
+    async def body(store: LightningStore) -> None:
+        rs = (await store.add_resources({"prompt": PromptTemplate(template="{q}")})).resources_id
+        rollout = await store.enqueue_rollout(
+            {"q": 1}, mode=RolloutMode.TEST, resources_id=rs, config=RolloutConfig(max_attempts=1)
+        )
+        claimed = await store.claim_rollout("w-1")
+        assert claimed is not None
+        await store.update_attempt(rollout.rollout_id, claimed.attempt.attempt_id, A.RUNNING)
+        await store.update_attempt(rollout.rollout_id, claimed.attempt.attempt_id, A.FAILED)
+        assert await store.reward_stats() == [
+            ResourceRewardStats(resources_id=rs, mode=RolloutMode.TEST, n=1, n_with_reward=0, mean_reward=None)
+        ]
+
+    run_with_store(body)

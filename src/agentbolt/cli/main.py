@@ -334,6 +334,37 @@ def train(
         _fail(exc)
 
 
+@app.command(name="eval")
+def eval_(
+    config: Path = typer.Argument(
+        ..., help="YAML file of a prompt-optimization job, e.g. examples/room_agent/config.yaml"
+    ),
+    resources: str = typer.Option(..., help="the resources version to evaluate (rs-N)"),
+    split: str = typer.Option("val", help="val (the first validation set, val_size tasks) or test (load_test_tasks)"),
+    store: Path | None = typer.Option(
+        None, help="the SQLite store file holding the version (default: out_dir/store.db of the config)"
+    ),
+    out: Path | None = typer.Option(None, help="where eval.json is written (default: out_dir/eval-rs-N-SPLIT)"),
+    set_: list[str] | None = typer.Option(
+        None, "--set", help="override one setting of the config, as dotted.key=value (repeatable), e.g. --set model=..."
+    ),
+) -> None:
+    """Evaluate a stored resources version (its prompts) on a config's val or test tasks with the config's model and
+    agent; the rollouts go into the same store (mode val/test), the accuracy is printed and written to eval.json."""
+    from agentbolt.errors import ConfigError
+    from agentbolt.trainer.demo import TrainConfig, load_job_config
+    from agentbolt.trainer.evaluate import run_eval
+
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        job = load_job_config(config, list(set_ or []))
+        if isinstance(job, TrainConfig):
+            raise ConfigError(f"{config} is an RL job; agentbolt eval takes a prompt-optimization config (apo/gepa)")
+        _run_job(run_eval(job, resources_id=resources, split=split, store_path=store, out_dir=out, console=console))
+    except (AgentboltError, ValidationError) as exc:
+        _fail(exc)
+
+
 @app.command()
 def plot(
     summaries: list[Path] = typer.Argument(..., help="summary.json files written by agentbolt train / demo"),

@@ -9,7 +9,6 @@ The ``--store`` value is either a store file (a path to an existing SQLite file,
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -17,7 +16,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from agentbolt.errors import ConfigError
 from agentbolt.store.base import LightningStore
-from agentbolt.types import Attempt, Rollout, RolloutMode, RolloutStatus, Span
+from agentbolt.trainer.export_rows import FinishedRollout
+from agentbolt.types import Rollout, RolloutMode, RolloutStatus
 
 PAGE_SIZE = 500
 """Rollouts read per ``query_rollouts`` call."""
@@ -57,15 +57,6 @@ def open_store(value: str, *, token: str | None = None) -> LightningStore:
             "path, four for an absolute one"
         )
     return store
-
-
-@dataclass
-class FinishedRollout:
-    """One rollout read back: its latest attempt (``None`` if it never ran) and that attempt's spans."""
-
-    rollout: Rollout
-    attempt: Attempt | None
-    spans: list[Span]
 
 
 async def query_all_rollouts(store: LightningStore, *, mode: RolloutMode | None = None) -> list[Rollout]:

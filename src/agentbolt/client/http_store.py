@@ -23,7 +23,7 @@ from pydantic import BaseModel, TypeAdapter
 from agentbolt.errors import ERRORS_BY_NAME, AgentboltError, BackendError, ConfigError
 from agentbolt.store import rules
 from agentbolt.store.base import EnqueueRequest, StoreCapabilities
-from agentbolt.store.search import RolloutPage, RolloutSearch
+from agentbolt.store.search import ResourceRewardStats, RolloutPage, RolloutSearch
 from agentbolt.types import (
     Attempt,
     AttemptedRollout,
@@ -43,6 +43,7 @@ T = TypeVar("T")
 
 _ROLLOUTS = TypeAdapter(list[Rollout])
 _PAGE = TypeAdapter(RolloutPage)
+_REWARD_STATS = TypeAdapter(list[ResourceRewardStats])
 _CLAIMS = TypeAdapter(list[AttemptedRollout])
 _SPANS = TypeAdapter(list[Span])
 _ATTEMPTS = TypeAdapter(list[Attempt])
@@ -231,6 +232,10 @@ class HttpLightningStore:
             params.append(("q", search.text))
         page = _PAGE.validate_json(await self._request("GET", "/v1/rollouts/search", params=params))
         return page.items, page.total
+
+    async def reward_stats(self) -> list[ResourceRewardStats]:
+        """See :meth:`agentbolt.store.base.LightningStore.reward_stats` (``GET /v1/resources/reward-stats``)."""
+        return _REWARD_STATS.validate_json(await self._request("GET", "/v1/resources/reward-stats"))
 
     async def get_attempt(self, rollout_id: str, attempt_id: str) -> Attempt:
         path = f"/v1/rollouts/{rollout_id}/attempts/{attempt_id}"

@@ -22,7 +22,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from agentbolt.client.http_store import HttpLightningStore
 from agentbolt.store.base import EnqueueRequest, StoreCapabilities
-from agentbolt.store.search import RolloutSearch
+from agentbolt.store.search import ResourceRewardStats, RolloutSearch
 from agentbolt.types import (
     Attempt,
     AttemptedRollout,
@@ -187,6 +187,10 @@ class SyncHttpLightningStore:
     def search_rollouts(self, search: RolloutSearch) -> tuple[list[Rollout], int]:
         """See :meth:`agentbolt.store.base.LightningStore.search_rollouts`."""
         return self._call(self._store.search_rollouts, search)
+
+    def reward_stats(self) -> list[ResourceRewardStats]:
+        """See :meth:`agentbolt.store.base.LightningStore.reward_stats`."""
+        return self._call(self._store.reward_stats)
 
     def get_attempt(self, rollout_id: str, attempt_id: str) -> Attempt:
         """See :meth:`agentbolt.store.base.LightningStore.get_attempt`."""

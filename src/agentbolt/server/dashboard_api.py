@@ -4,9 +4,12 @@ version, an error summary and metric names. Read-only; every route goes through 
 - ``GET /v1/rollouts/search``: :meth:`~agentbolt.store.base.LightningStore.search_rollouts` (``{"items", "total"}``).
 - ``GET /v1/rollouts/{rollout_id}/transitions``: the attempt's LLM calls as training sees them: the adapter's
   transitions, credited rewards and advantages computed as ``agentbolt export --format rl`` does
-  (:func:`agentbolt.cli.export.rl_rows`, GRPO and ``broadcast`` credit, unmerged) over the rollout's group: the
+  (:func:`agentbolt.trainer.export_rows.rl_rows`, GRPO and ``broadcast`` credit, unmerged) over the rollout's group: the
   finished rollouts with the same ``metadata.task_id``, ``metadata.train_step``, mode and resources version.
-- ``GET /v1/resources/scores``: rollout count and mean ``final_reward`` per resources version, overall and by mode.
+- ``GET /v1/resources/scores``: rollout count and mean ``final_reward`` per resources version, overall and by mode
+  (from :meth:`~agentbolt.store.base.LightningStore.reward_stats`, one ``GROUP BY`` in the store).
+- ``GET /v1/resources/reward-stats``: :meth:`~agentbolt.store.base.LightningStore.reward_stats` as it is (the HTTP
+  client's backing route).
 - ``GET /v1/errors/summary``: failed, timed-out and unresponsive attempts of the most recently ended failed
   rollouts, by kind, with a time series per kind.
 - ``GET /v1/metrics/names``: the distinct metric names (``GET /v1/metrics?name=`` serves the points).
@@ -29,7 +32,7 @@ from agentbolt.adapter import build_trajectory
 from agentbolt.adapter.signals import infrastructure_failure, is_tool_span
 from agentbolt.store import rules
 from agentbolt.store.base import LightningStore
-from agentbolt.store.search import MAX_SEARCH_LIMIT, RolloutPage, RolloutSearch
+from agentbolt.store.search import MAX_SEARCH_LIMIT, ResourceRewardStats, RolloutPage, RolloutSearch
 from agentbolt.types import (
     TERMINAL_ROLLOUT_STATUSES,
     Attempt,
@@ -52,7 +55,6 @@ ERROR_LABELS: Final[dict[str, str]] = {
     "tool_failure": "A tool call failed",
 }
 """Human labels of the error kinds; ``agent_exception:<type>`` kinds are labelled with the exception type."""
-_PAGE: Final = 1000
 
 
 def _store(request: Request) -> LightningStore:
@@ -146,8 +148,7 @@ def _texts(tokenizer: Any, ids: Sequence[int]) -> list[str | None]:
 async def _group_rows(store: LightningStore, rollout: Rollout, attempt: Attempt) -> dict[str, dict[str, Any]]:
     """The ``rl`` rows of ``rollout`` (span id of their one call -> row), computed over its group; ``{}`` when it
     has no group (no ``task_id``) or is not trained."""
-    from agentbolt.cli.export import rl_rows
-    from agentbolt.cli.stores import FinishedRollout
+    from agentbolt.trainer.export_rows import FinishedRollout, rl_rows  # the trainer's batch code: loaded on use
 
     task_id = rollout.metadata.get("task_id")
     if task_id is None or rollout.mode is not RolloutMode.TRAIN:
@@ -252,37 +253,29 @@ class ResourcesScore(ModeScore):
     by_mode: dict[str, ModeScore]
 
 
-async def _all_rollouts(store: LightningStore, statuses: Sequence[RolloutStatus]) -> list[Rollout]:
-    out: list[Rollout] = []
-    while True:
-        page = await store.query_rollouts(status=statuses, limit=_PAGE, offset=len(out))
-        out.extend(page)
-        if len(page) < _PAGE:
-            return out
-
-
-def _score(rewards: Sequence[float]) -> ModeScore:
-    return ModeScore(n=len(rewards), mean_reward=math.fsum(rewards) / len(rewards) if rewards else None)
+@router.get("/resources/reward-stats", response_model=list[ResourceRewardStats])
+async def resources_reward_stats(request: Request) -> list[ResourceRewardStats]:
+    """:meth:`~agentbolt.store.base.LightningStore.reward_stats`: finished rollouts, how many have a reward, and its
+    mean, per (resources version, mode)."""
+    return await _store(request).reward_stats()
 
 
 @router.get("/resources/scores", response_model=dict[str, ResourcesScore])
 async def resources_scores(request: Request) -> dict[str, ResourcesScore]:
     """Mean ``final_reward`` of the finished (succeeded or failed) rollouts with a reward, per pinned resources
-    version, overall and by mode. Rollouts enqueued for "the latest" version (``resources_id`` null) are left out."""
-    finished = await _all_rollouts(_store(request), [RolloutStatus.SUCCEEDED, RolloutStatus.FAILED])
-    rewards: dict[str, dict[str, list[float]]] = {}
-    for rollout in finished:
-        if rollout.resources_id is None or rollout.final_reward is None:
+    version, overall and by mode. Rollouts enqueued for "the latest" version (``resources_id`` null) are left out.
+    One store-side ``GROUP BY`` (:meth:`~agentbolt.store.base.LightningStore.reward_stats`)."""
+    by_version: dict[str, dict[str, ModeScore]] = {}
+    for stats in await _store(request).reward_stats():
+        if stats.resources_id is None or stats.n_with_reward == 0:
             continue
-        rewards.setdefault(rollout.resources_id, {}).setdefault(rollout.mode.value, []).append(rollout.final_reward)
+        score = ModeScore(n=stats.n_with_reward, mean_reward=stats.mean_reward)
+        by_version.setdefault(stats.resources_id, {})[stats.mode.value] = score
     out: dict[str, ResourcesScore] = {}
-    for resources_id, by_mode in rewards.items():
-        overall = _score([r for values in by_mode.values() for r in values])
-        out[resources_id] = ResourcesScore(
-            n=overall.n,
-            mean_reward=overall.mean_reward,
-            by_mode={mode: _score(values) for mode, values in sorted(by_mode.items())},
-        )
+    for resources_id, by_mode in by_version.items():
+        n = sum(s.n for s in by_mode.values())
+        total = math.fsum(s.n * (s.mean_reward or 0.0) for s in by_mode.values())
+        out[resources_id] = ResourcesScore(n=n, mean_reward=total / n, by_mode=dict(sorted(by_mode.items())))
     return out
 
 

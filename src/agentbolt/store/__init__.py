@@ -24,7 +24,7 @@ from urllib.parse import parse_qs, urlsplit
 from agentbolt.errors import ConfigError
 from agentbolt.store.base import EnqueueRequest, LightningStore, StoreCapabilities
 from agentbolt.store.memory import InMemoryLightningStore
-from agentbolt.store.search import RolloutSearch
+from agentbolt.store.search import ResourceRewardStats, RolloutSearch
 from agentbolt.store.sqlite import SqliteLightningStore
 
 StoreBuilder = Callable[[str], LightningStore]
@@ -150,6 +150,7 @@ __all__ = [
     "EnqueueRequest",
     "InMemoryLightningStore",
     "LightningStore",
+    "ResourceRewardStats",
     "RolloutSearch",
     "SqliteLightningStore",
     "StoreBuilder",

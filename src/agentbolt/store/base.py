@@ -19,7 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel
 
-from agentbolt.store.search import RolloutSearch
+from agentbolt.store.search import ResourceRewardStats, RolloutSearch
 from agentbolt.types import (
     Attempt,
     AttemptedRollout,
@@ -152,6 +152,17 @@ class LightningStore(Protocol):
 
         Built for the dashboard: SQL backends answer a page of 100k rollouts in milliseconds (indexes on
         ``final_reward``; text search scans).
+        """
+        ...
+
+    async def reward_stats(self) -> list[ResourceRewardStats]:
+        """Per (resources version, mode): how many rollouts finished (succeeded or failed), how many of those have a
+        ``final_reward``, and its mean (:class:`~agentbolt.store.search.ResourceRewardStats`). Ordered by
+        ``resources_id`` (``None``, rollouts enqueued for "the latest", first) then mode; groups without a finished
+        rollout are absent.
+
+        Built for the dashboard's scores: SQL backends answer it with one ``GROUP BY`` instead of reading every
+        rollout.
         """
         ...
 

@@ -20,7 +20,7 @@ from pydantic_core import PydanticSerializationError
 from agentbolt.errors import AgentboltError, ConfigError, NotFoundError
 from agentbolt.store import rules
 from agentbolt.store.base import EnqueueRequest, StoreCapabilities
-from agentbolt.store.search import RolloutSearch, search_page
+from agentbolt.store.search import ResourceRewardStats, RolloutSearch, reward_stats, search_page
 from agentbolt.types import (
     Attempt,
     AttemptedRollout,
@@ -300,6 +300,12 @@ class InMemoryLightningStore:
         self._expire(time.time())
         page, total = search_page(self._rollouts.values(), search)
         return [r.model_copy(deep=True) for r in page], total
+
+    async def reward_stats(self) -> list[ResourceRewardStats]:
+        """Finished rollouts and mean reward per (resources version, mode) (see the contract)."""
+        self._start()
+        self._expire(time.time())
+        return reward_stats(self._rollouts.values())
 
     async def get_attempt(self, rollout_id: str, attempt_id: str) -> Attempt:
         """One attempt. Raises NotFoundError."""

@@ -42,7 +42,7 @@ from agentbolt.store import postgres_search, rules, tables, waiting
 from agentbolt.store.base import EnqueueRequest, StoreCapabilities
 from agentbolt.store.postgres_pool import PostgresConnections, redact_url
 from agentbolt.store.postgres_schema import Conn, sql
-from agentbolt.store.search import RolloutSearch
+from agentbolt.store.search import ResourceRewardStats, RolloutSearch
 from agentbolt.types import (
     Attempt,
     AttemptedRollout,
@@ -388,6 +388,10 @@ class PostgresLightningStore:
     async def search_rollouts(self, search: RolloutSearch) -> tuple[list[Rollout], int]:
         """One page of the rollouts matching ``search`` and the number that matched (:mod:`.postgres_search`)."""
         return await self._read_after_expiry(functools.partial(postgres_search.search_rollouts, search=search))
+
+    async def reward_stats(self) -> list[ResourceRewardStats]:
+        """Finished rollouts and mean reward per (resources version, mode) (:mod:`.postgres_search`)."""
+        return await self._read_after_expiry(postgres_search.reward_stats)
 
     async def get_attempt(self, rollout_id: str, attempt_id: str) -> Attempt:
         """One attempt. Raises NotFoundError."""

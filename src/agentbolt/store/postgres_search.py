@@ -14,8 +14,8 @@ from psycopg.types.json import Jsonb
 
 from agentbolt.store import postgres_schema as schema
 from agentbolt.store import tables
-from agentbolt.store.search import RolloutSearch
-from agentbolt.types import Rollout
+from agentbolt.store.search import FINISHED_STATUSES, ResourceRewardStats, RolloutSearch, reward_stats_order
+from agentbolt.types import Rollout, RolloutMode
 
 
 def where_clause(search: RolloutSearch) -> tuple[str, list[Any]]:
@@ -61,3 +61,21 @@ async def search_rollouts(conn: schema.Conn, search: RolloutSearch) -> tuple[lis
     clauses = f"WHERE {tables.ENQUEUE_SEQ} IN ({keys}) {order_by}"
     page = await schema.ROLLOUTS.fetch_all(conn, clauses, [*params, search.limit, search.offset])
     return page, total
+
+
+REWARD_STATS_SQL = (
+    "SELECT resources_id, mode, COUNT(*), COUNT(final_reward), AVG(final_reward) FROM rollouts"
+    " WHERE status = ANY(%s) GROUP BY resources_id, mode"
+)
+
+
+async def reward_stats(conn: schema.Conn) -> list[ResourceRewardStats]:
+    """:meth:`~agentbolt.store.base.LightningStore.reward_stats`: one ``GROUP BY`` over the finished rollouts."""
+    cur = await conn.execute(schema.sql(REWARD_STATS_SQL), [[s.value for s in FINISHED_STATUSES]])
+    rows = await cur.fetchall()
+    return reward_stats_order(
+        ResourceRewardStats(
+            resources_id=r, mode=RolloutMode(m), n=n, n_with_reward=k, mean_reward=None if mean is None else float(mean)
+        )
+        for r, m, n, k, mean in rows
+    )

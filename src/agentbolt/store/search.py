@@ -5,6 +5,9 @@ rollouts plus the number of rollouts matching the filters (``total``, before pag
 same rules to SQL (:mod:`agentbolt.store.sqlite_search`, :mod:`agentbolt.store.postgres_search`); the memory backend
 uses :func:`search_page` here. The contract suite (``tests/contract/test_store_search_contract.py``) pins them.
 
+:meth:`~agentbolt.store.base.LightningStore.reward_stats` (the dashboard's scores per resources version) is one
+``GROUP BY resources_id, mode`` over the finished rollouts in SQL; :func:`reward_stats` here is its reference.
+
 Text search (``text``): a case-insensitive substring of the rollout's ``rollout_id`` or of the JSON text of its
 ``input``. Case folding is ASCII-only (``A-Z`` to ``a-z``) in every backend, so that SQL's ``lower()`` and Python agree.
 Match on values (strings, numbers, keys): the JSON separators differ between backends (PostgreSQL's ``jsonb`` text
@@ -13,6 +16,7 @@ puts a space after ``:`` and ``,``).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from typing import Final
@@ -142,3 +146,58 @@ def search_page(rollouts_in_enqueue_order: Iterable[Rollout], search: RolloutSea
     found = [r for r in rollouts_in_enqueue_order if matches(r, search)]
     ordered = rules.sort_rollouts(found, search.sort_by, search.descending)
     return ordered[search.offset : search.offset + search.limit], len(found)
+
+
+# ------------------------------------------------------------------------------------------------ reward stats
+FINISHED_STATUSES: Final = (RolloutStatus.SUCCEEDED, RolloutStatus.FAILED)
+"""The rollout statuses :meth:`~agentbolt.store.base.LightningStore.reward_stats` counts ("finished": ended by an
+attempt, not cancelled)."""
+
+
+class ResourceRewardStats(BaseModel):
+    """Finished (succeeded or failed) rollouts of one resources version and mode, and their rewards.
+
+    Attributes:
+        resources_id: the rollouts' ``resources_id``; ``None`` groups the rollouts enqueued for "the latest" version.
+        mode: ``train``, ``val`` or ``test``.
+        n: finished rollouts in the group.
+        n_with_reward: those with a ``final_reward``.
+        mean_reward: mean ``final_reward`` of those; ``None`` when ``n_with_reward == 0``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    resources_id: str | None
+    mode: RolloutMode
+    n: int
+    n_with_reward: int
+    mean_reward: float | None
+
+
+def reward_stats_order(stats: Iterable[ResourceRewardStats]) -> list[ResourceRewardStats]:
+    """``stats`` in the contract's order: ``resources_id`` (``None`` first, then by string), then mode."""
+    return sorted(stats, key=lambda s: (s.resources_id is not None, s.resources_id or "", s.mode.value))
+
+
+def reward_stats(rollouts: Iterable[Rollout]) -> list[ResourceRewardStats]:
+    """:class:`ResourceRewardStats` of ``rollouts``, one per (resources version, mode) with a finished rollout (the
+    reference the SQL backends' ``GROUP BY`` follows)."""
+    groups: dict[tuple[str | None, RolloutMode], tuple[int, list[float]]] = {}
+    for rollout in rollouts:
+        if rollout.status not in FINISHED_STATUSES:
+            continue
+        key = (rollout.resources_id, rollout.mode)
+        n, rewards = groups.get(key, (0, []))
+        if rollout.final_reward is not None:
+            rewards.append(rollout.final_reward)
+        groups[key] = (n + 1, rewards)
+    return reward_stats_order(
+        ResourceRewardStats(
+            resources_id=resources_id,
+            mode=mode,
+            n=n,
+            n_with_reward=len(rewards),
+            mean_reward=math.fsum(rewards) / len(rewards) if rewards else None,
+        )
+        for (resources_id, mode), (n, rewards) in groups.items()
+    )

@@ -30,7 +30,7 @@ from agentbolt.errors import AgentboltError, ConfigError
 from agentbolt.store import rules, sqlite_search, tables, waiting
 from agentbolt.store import sqlite_schema as schema
 from agentbolt.store.base import EnqueueRequest, StoreCapabilities
-from agentbolt.store.search import RolloutSearch
+from agentbolt.store.search import ResourceRewardStats, RolloutSearch
 from agentbolt.store.sqlite_inline import InlineBusy, InlineRunner, LockedElsewhere, is_lock_error
 from agentbolt.store.sqlite_writer import GroupCommitThread
 from agentbolt.types import (
@@ -448,6 +448,10 @@ class SqliteLightningStore:
     async def search_rollouts(self, search: RolloutSearch) -> tuple[list[Rollout], int]:
         """One page of the rollouts matching ``search`` and the number that matched (:mod:`.sqlite_search`)."""
         return await self._run(self._read_after_expiry, sqlite_search.search_rollouts, search)
+
+    async def reward_stats(self) -> list[ResourceRewardStats]:
+        """Finished rollouts and mean reward per (resources version, mode): one ``GROUP BY`` (:mod:`.sqlite_search`)."""
+        return await self._run(self._read_after_expiry, sqlite_search.reward_stats)
 
     async def get_attempt(self, rollout_id: str, attempt_id: str) -> Attempt:
         """One attempt. Raises NotFoundError."""

@@ -14,8 +14,8 @@ from typing import Any
 
 from agentbolt.store import sqlite_schema as schema
 from agentbolt.store import tables
-from agentbolt.store.search import RolloutSearch
-from agentbolt.types import Rollout
+from agentbolt.store.search import FINISHED_STATUSES, ResourceRewardStats, RolloutSearch, reward_stats_order
+from agentbolt.types import Rollout, RolloutMode
 
 
 def where_clause(search: RolloutSearch) -> tuple[str, list[Any]]:
@@ -59,3 +59,18 @@ def search_rollouts(conn: sqlite3.Connection, search: RolloutSearch) -> tuple[li
     clauses = f"WHERE {tables.ENQUEUE_SEQ} IN ({keys}) {order_by}"
     page = schema.ROLLOUTS.fetch_all(conn, clauses, [*params, search.limit, search.offset])
     return page, total
+
+
+REWARD_STATS_SQL = (
+    "SELECT resources_id, mode, COUNT(*), COUNT(final_reward), AVG(final_reward) FROM rollouts"
+    f" WHERE status IN ({schema.marks(FINISHED_STATUSES)}) GROUP BY resources_id, mode"
+)
+
+
+def reward_stats(conn: sqlite3.Connection) -> list[ResourceRewardStats]:
+    """:meth:`~agentbolt.store.base.LightningStore.reward_stats`: one ``GROUP BY`` over the finished rollouts."""
+    rows = conn.execute(REWARD_STATS_SQL, [s.value for s in FINISHED_STATUSES]).fetchall()
+    return reward_stats_order(
+        ResourceRewardStats(resources_id=r, mode=RolloutMode(m), n=n, n_with_reward=k, mean_reward=mean)
+        for r, m, n, k, mean in rows
+    )
