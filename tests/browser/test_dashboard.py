@@ -252,6 +252,19 @@ def test_token_box_then_rollouts_with_filters(browser: Browser, served: Served) 
     assert "q=7%2B1" in page.url and "reward_min=1" in page.url  # the filters are in the URL, to paste
     page.goto(f"{served.url}/#/rollouts?mode=val&resources_id={served.resources_ids[1]}&sort_by=rollout_id")
     expect(page.locator("#rollout-count")).to_have_text("1\u20133 of 3 rollouts")
+    # a bad filter in a pasted URL: the server's 422 under the form (kept, to fix it), not a blank page
+    page.goto(f"{served.url}/#/rollouts?reward_min=abc")
+    expect(page.locator("#search-error")).to_contain_text("422")
+    expect(page.locator("form.filters")).to_be_visible()
+    # an offset past the end: said so, and Previous goes to the last page
+    page.goto(f"{served.url}/#/rollouts?offset=1000")
+    expect(page.locator("#rollout-count")).to_have_text("none at 1001 of 6 rollouts")
+    page.click("text=Previous")
+    expect(page.locator("#rollout-count")).to_have_text("1\u20136 of 6 rollouts")
+    # stored text with markup is shown as text, never parsed as HTML
+    page.goto(f"{served.url}/#/rollouts?q=%3Cimg%20src%3Dx%3E")
+    expect(page.locator("input[name=q]")).to_have_value("<img src=x>")
+    expect(page.locator("#main img")).to_have_count(0)
     context.close()
 
     # a pasted link with the token in it
@@ -304,6 +317,13 @@ def test_trace_tree_span_attributes_and_transcript(page: Page, served: Served) -
     model = page.locator('#span-panel tr[data-attr="gen_ai.response.model"] td').nth(1)
     expect(model).to_have_text(llm["attributes"]["gen_ai.response.model"])
     _shot(page, "trace")
+
+    # the time axis labels stay on one line; an unknown ?attempt= says so and shows the latest attempt
+    heights = page.locator("#waterfall .wf-ticks span").evaluate_all("els => els.map(e => e.offsetHeight)")
+    assert len(set(heights)) == 1, heights
+    _open(page, served, f"#/rollouts/{rollout_id}/trace?attempt=nope")
+    expect(page.locator("#unknown-attempt")).to_contain_text("No attempt nope")
+    expect(rows).to_have_count(len(spans))
 
     # the failed rollout's trace marks its exception span
     _open(page, served, f"#/rollouts/{served.rollout_ids[-1]}/trace")
@@ -378,4 +398,8 @@ def test_runners_errors_and_training(page: Page, served: Served) -> None:
     expect(charts.filter(has_text="Reward per step")).to_have_count(1)
     expect(charts.filter(has_text="Validation accuracy")).to_contain_text("val_accuracy/calc")
     expect(page.locator(".charts canvas")).to_have_count(charts.count())
+    # legends show the latest values when the cursor is not on a chart (not "--")
+    kl = charts.filter(has_text="Update KL").locator(".u-legend")
+    expect(kl).to_contain_text("0.0123")
+    expect(kl).not_to_contain_text("--")
     _shot(page, "training")

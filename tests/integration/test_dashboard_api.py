@@ -73,6 +73,16 @@ def test_dashboard_endpoints(tmp_path: Path) -> None:
                 page = (await client.get("/v1/rollouts/search", params={"sort_by": "final_reward", "limit": 1})).json()
                 assert page["total"] == 4 and page["items"][0]["rollout_id"] == ids[1]  # reward 0 first ascending
                 assert (await client.get("/v1/rollouts/search", params={"sort_by": "nope"})).status_code == 422
+                # bad parameters: a clear 4xx, never a 500 (nan/inf bounds would match nothing, or break JSON)
+                for bad in ({"limit": -1}, {"offset": -1}, {"reward_min": "abc"}, {"reward_min": "nan"},
+                            {"reward_max": "inf"}, {"reward_min": 2, "reward_max": 1}, {"status": "nope"},
+                            {"metadata": "[1]"}):  # fmt: skip
+                    assert (await client.get("/v1/rollouts/search", params=bad)).status_code == 422, bad
+                for bucket in ("0", "-1", "nan", "inf"):
+                    resp = await client.get("/v1/errors/summary", params={"bucket_s": bucket})
+                    assert resp.status_code == 422, bucket
+                assert (await client.get("/v1/rollouts/nope/transitions")).status_code == 404
+                assert (await client.get(f"/v1/rollouts/{ids[0]}/transitions?attempt_id=nope")).status_code == 404
 
                 # GRPO over the group {1, 0}: mean 0.5, sample std sqrt(0.5) -> advantages +-0.5/0.7071 = +-0.7071
                 first = (await client.get(f"/v1/rollouts/{ids[0]}/transitions")).json()

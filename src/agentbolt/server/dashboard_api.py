@@ -68,8 +68,8 @@ async def search_rollouts(
     status: str | None = Query(None, description="comma-separated rollout statuses, e.g. succeeded,failed"),
     mode: RolloutMode | None = None,
     resources_id: str | None = None,
-    reward_min: float | None = Query(None, description="inclusive lower bound on final_reward"),
-    reward_max: float | None = Query(None, description="inclusive upper bound on final_reward"),
+    reward_min: float | None = Query(None, allow_inf_nan=False, description="inclusive lower bound on final_reward"),
+    reward_max: float | None = Query(None, allow_inf_nan=False, description="inclusive upper bound on final_reward"),
     q: str | None = Query(None, description="case-insensitive substring of the rollout id or the input's JSON"),
     metadata: str | None = Query(None, description='JSON object of metadata equalities, e.g. {"task_id": "t1"}'),
     sort_by: str = Query(rules.DEFAULT_ROLLOUT_SORT, description=f"one of {', '.join(rules.ROLLOUT_SORT_FIELDS)}"),
@@ -335,7 +335,7 @@ def error_kind(attempt: Attempt, spans: Sequence[Span]) -> str:
 @router.get("/errors/summary", response_model=ErrorSummary)
 async def errors_summary(
     request: Request,
-    bucket_s: float = Query(60.0, gt=0, description="width of a series bucket, seconds"),
+    bucket_s: float = Query(60.0, gt=0, allow_inf_nan=False, description="width of a series bucket, seconds"),
     max_rollouts: int = Query(500, ge=1, le=10_000, description="failed rollouts read, most recently ended first"),
 ) -> ErrorSummary:
     """Failed/timeout/unresponsive attempts of the ``max_rollouts`` most recently ended failed rollouts, by kind.

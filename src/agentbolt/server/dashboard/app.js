@@ -70,7 +70,8 @@ function fmtAgo(t) {
 function fmtNum(x, digits = 4) {
   if (x === null || x === undefined) return "";
   if (typeof x !== "number") return String(x);
-  return Number.isInteger(x) ? String(x) : x.toFixed(digits);
+  if (Number.isInteger(x)) return String(x);
+  return x !== 0 && Math.abs(x) < 10 ** -(digits - 1) ? String(Number(x.toPrecision(3))) : x.toFixed(digits);
 }
 
 function badge(status) {
@@ -153,10 +154,14 @@ async function optional(path) {
 
 // ---------------------------------------------------------------------------------------------- routing
 
+function decodePart(part) {
+  try { return decodeURIComponent(part); } catch { return part; } // a malformed %-escape in a pasted URL
+}
+
 function parseRoute() {
   const raw = location.hash.replace(/^#\/?/, "");
   const [path, query = ""] = raw.split("?");
-  return { parts: path.split("/").filter(Boolean).map(decodeURIComponent), params: new URLSearchParams(query) };
+  return { parts: path.split("/").filter(Boolean).map(decodePart), params: new URLSearchParams(query) };
 }
 
 function href(parts, params) {
@@ -214,8 +219,9 @@ async function rolloutsPage(root, parts, params) {
   }
   const query = new URLSearchParams({ ...filters, sort_by: sortBy, descending: String(descending),
     limit: String(PAGE_SIZE), offset: String(offset) });
+  // a bad filter in a pasted URL (reward_min=abc, offset=-5...) answers 422: show it under the form, to fix there
   const [page, versions] = await Promise.all([
-    api(`/v1/rollouts/search?${query}`),
+    api(`/v1/rollouts/search?${query}`).catch((err) => (err instanceof AuthError ? Promise.reject(err) : err)),
     cached("/v1/resources"),
   ]);
   const state = { ...filters, sort_by: sortBy, descending: String(descending) };
@@ -244,6 +250,11 @@ async function rolloutsPage(root, parts, params) {
   h("button", { type: "submit" }, "Apply"),
   h("button", { type: "button", onclick: () => navigate(["rollouts"], {}) }, "Clear"));
 
+  if (page instanceof Error) {
+    append(root, [h("h1", "Rollouts"), form, h("p.error#search-error", `Could not search: ${page.message}`)]);
+    return;
+  }
+
   const header = Object.entries(SORT_FIELDS).map(([field, label]) => {
     const th = h(`th.sortable${field === "final_reward" ? ".num" : ""}`, {
       onclick: () => go({ sort_by: field, descending: String(field === sortBy ? !descending : true) }),
@@ -265,12 +276,20 @@ async function rolloutsPage(root, parts, params) {
     h("td", fmtTime(r.enqueue_time)),
     h("td", r.start_time && r.end_time ? fmtDuration(r.end_time - r.start_time) : "")));
   const last = Math.min(offset + page.items.length, page.total);
+  const lastPage = Math.max(0, Math.floor((page.total - 1) / PAGE_SIZE) * PAGE_SIZE);
+  const beyond = !page.items.length && offset > 0 && page.total > 0; // a pasted offset past the end
+  const count = page.total === 0 ? "0 rollouts" : beyond ? `none at ${offset + 1} of ${page.total} rollouts`
+    : `${offset + 1}\u2013${last} of ${page.total} rollouts`;
   const pager = h("div.pager",
-    h("button", { disabled: offset <= 0, onclick: () => go({ offset: Math.max(0, offset - PAGE_SIZE) }) }, "Previous"),
-    h("span#rollout-count", page.total === 0 ? "0 rollouts" : `${offset + 1}\u2013${last} of ${page.total} rollouts`),
-    h("button", { disabled: last >= page.total, onclick: () => go({ offset: offset + PAGE_SIZE }) }, "Next"));
+    h("button", { disabled: offset <= 0, onclick: () => go({ offset: beyond ? lastPage
+      : Math.max(0, offset - PAGE_SIZE) }) }, "Previous"),
+    h("span#rollout-count", count),
+    h("button", { disabled: last >= page.total || beyond, onclick: () => go({ offset: offset + PAGE_SIZE }) }, "Next"));
   append(root, [h("h1", "Rollouts"), form, pager,
-    page.items.length ? table(headers, rows, { id: "rollouts-table" }) : message("No rollout matches these filters.")]);
+    page.items.length ? table(headers, rows, { id: "rollouts-table" })
+      : beyond ? h("p.muted", "No rollout on this page. ", h("a", { href: href(["rollouts"], { ...state,
+        offset: lastPage }) }, "Last page"))
+        : message("No rollout matches these filters.")]);
 }
 
 // ---------------------------------------------------------------------------------------------- one rollout
@@ -387,6 +406,13 @@ async function chosenAttempt(rolloutId, params) {
   return { attempts, attempt };
 }
 
+/** A note when the URL's ?attempt= is not an attempt of this rollout (the latest is shown instead). */
+function unknownAttempt(params, attempt) {
+  const wanted = params.get("attempt");
+  return wanted && wanted !== attempt.attempt_id
+    ? h("p.error#unknown-attempt", `No attempt ${wanted} in this rollout; showing the latest.`) : null;
+}
+
 async function tracePage(root, parts, params) {
   const id = parts[1];
   const { attempts, attempt } = await chosenAttempt(id, params);
@@ -395,7 +421,7 @@ async function tracePage(root, parts, params) {
   const spans = await cached(`/v1/rollouts/${encodeURIComponent(id)}/spans?attempt_id=${encodeURIComponent(
     attempt.attempt_id)}`);
   append(root, [h("h1", "Trace of ", h("span.mono", attempt.attempt_id), " ", badge(attempt.status)),
-    attemptPicker(id, "trace", attempts, attempt.attempt_id)]);
+    unknownAttempt(params, attempt), attemptPicker(id, "trace", attempts, attempt.attempt_id)]);
   if (!spans.length) { root.append(message("No span was recorded for this attempt.")); return; }
 
   const t0 = Math.min(...spans.map((s) => s.start_time));
@@ -510,7 +536,7 @@ async function tokensPage(root, parts, params) {
   const transitions = await optional(`/v1/rollouts/${encodeURIComponent(id)}/transitions?attempt_id=${
     encodeURIComponent(attempt.attempt_id)}`);
   append(root, [h("h1", "Tokens of ", h("span.mono", attempt.attempt_id)),
-    attemptPicker(id, "tokens", attempts, attempt.attempt_id)]);
+    unknownAttempt(params, attempt), attemptPicker(id, "tokens", attempts, attempt.attempt_id)]);
   if (transitions === null) { root.append(message("This server has no transitions endpoint.")); return; }
   if (!transitions.length) {
     root.append(message("No transition: this attempt made no LLM call with exact token ids.")); return;
@@ -550,6 +576,9 @@ async function tokensPage(root, parts, params) {
       ["tokens", `${tr.prompt.length} prompt, ${tr.response.length} response`]]),
     h("p.muted", "Response tokens are colored by probability: ", h("span.scale"),
       " low \u2192 high; dimmed: loss mask 0 (not trained). Prompt tokens are gray."),
+    [...tr.prompt, ...tr.response].some((tok) => tok.text === null || tok.text === undefined)
+      ? h("p.note#no-token-text", "Served without a model: token texts unavailable, tokens show their ids \u27E8id\u27E9 "
+        + "(agentbolt serve --model ... decodes them).") : null,
     info,
     h("h2", "Prompt"), h("div.tokens#prompt-tokens", promptToks),
     h("h2", "Response"), h("div.tokens#response-tokens", responseToks)]);
@@ -618,7 +647,7 @@ async function resourcesPage(root, parts, params) {
   if (!versions.length) { root.append(message("No resources version yet.")); return; }
   const scoreCell = (rid) => {
     const s = scores?.[rid];
-    if (!s) return h("td.num.muted", scores ? "no rollouts" : "");
+    if (!s) return h("td.num.muted", scores ? "no finished rollout with a reward" : "");
     const modes = Object.entries(s.by_mode || {}).map(([mode, v]) =>
       `${mode}: ${fmtNum(v.mean_reward ?? v)}${v.n !== undefined ? ` (n=${v.n})` : ""}`).join(", ");
     return h("td.num", { title: modes }, `${fmtNum(s.mean_reward)} (n=${s.n})`, modes ? h("div.muted", modes) : null);
@@ -665,6 +694,32 @@ async function runnersPage(root) {
 
 // ---------------------------------------------------------------------------------------------- charts
 
+/** Tick labels with as many decimals as the finest tick needs (0.0001, 0.0002... not 0, 0...). */
+function tickLabels(splits) {
+  let digits = 0;
+  const finite = splits.filter((v) => v !== null && Number.isFinite(v));
+  const step = finite.length > 1 ? Math.abs(finite[1] - finite[0]) : Math.abs(finite[0] || 1);
+  for (const v of finite) {
+    let d = 0;
+    while (d < 12 && Math.abs(Number(v.toFixed(d)) - v) > step * 1e-3) d++;
+    digits = Math.max(digits, d);
+  }
+  return splits.map((v) => (v === null || !Number.isFinite(v) ? "" : Math.abs(v) >= 1e6 || (v !== 0 && digits > 8)
+    ? v.toExponential(2) : v.toFixed(digits)));
+}
+
+/** A legend value: 4 significant digits (integers bare). */
+function fmtSig(v) {
+  if (v === null || v === undefined || !Number.isFinite(v)) return null;
+  return Number.isInteger(v) ? String(v) : String(Number(v.toPrecision(4)));
+}
+
+/** The last non-null value of a series (what the legend shows when the cursor is not on the chart). */
+function lastValue(values) {
+  for (let i = values.length - 1; i >= 0; i--) if (values[i] !== null && values[i] !== undefined) return values[i];
+  return null;
+}
+
 /** A uPlot line chart of xs and named series [{label, values, stroke, band?}] into a titled card. */
 function chart(title, xs, series, opts = {}) {
   const card = h("div.chart", { "data-chart": title }, opts.bare ? null : h("h3", title));
@@ -684,8 +739,20 @@ function chart(title, xs, series, opts = {}) {
     defs.push({ label: s.label, stroke: s.stroke || "#0969da", width: 2, spanGaps: true,
       ...(opts.bars ? { paths: window.uPlot.paths.bars({ size: [0.8, 40] }), fill: s.stroke } : {}) });
   }
-  const build = () => new window.uPlot({ width: Math.max(card.clientWidth - 16, 300) || width, height: 200,
-    series: defs, bands, scales: { x: { time: Boolean(opts.time) } }, legend: { live: true } }, data, card);
+  // legend: the hovered point's values, else the latest point's (not "--")
+  const xFmt = opts.time ? (v) => fmtTime(v) : fmtSig;
+  defs.forEach((d, i) => {
+    const fmt = i === 0 ? xFmt : fmtSig;
+    d.value = (u, v, sidx, idx) => fmt(idx === null || idx === undefined ? lastValue(data[sidx]) : v);
+  });
+  const build = () => {
+    const u = new window.uPlot({ width: Math.max(card.clientWidth - 16, 300) || width, height: 200,
+      series: defs, bands, scales: { x: { time: Boolean(opts.time) } }, legend: { live: true },
+      axes: [opts.time ? {} : { incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000] },
+        { values: (self, splits) => tickLabels(splits), size: 60 }] }, data, card);
+    u.setLegend({ idx: null });
+    return u;
+  };
   // uPlot measures its container, so build once the card is in the page.
   requestAnimationFrame(() => { if (window.uPlot && card.isConnected) build(); });
   return card;
