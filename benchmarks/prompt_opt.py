@@ -415,9 +415,16 @@ async def run_gepa_pypi(config: Any, budget: int, console: Any) -> dict[str, Any
     from agentbolt.errors import ConfigError
     from agentbolt.inference.model_files import get_model_spec
     from agentbolt.trainer.demo import check_device, load_tasks_module
-    from agentbolt.trainer.local import fresh_db_path, local_serving
-    from agentbolt.trainer.prompt_opt import print_result, prompt_diff, resolve_seed_prompts, write_outputs
-    from agentbolt.types import LLM, RolloutConfig, RolloutMode
+    from agentbolt.trainer.local import fresh_db_path
+    from agentbolt.trainer.prompt_opt import (
+        agent_llm,
+        print_result,
+        prompt_diff,
+        resolve_seed_prompts,
+        serve_job,
+        write_outputs,
+    )
+    from agentbolt.types import RolloutConfig, RolloutMode
 
     t_start = time.perf_counter()
     if not Path(config.model).is_dir():
@@ -440,23 +447,9 @@ async def run_gepa_pypi(config: Any, budget: int, console: Any) -> dict[str, Any
         f"train={len(train_tasks)} val={len(val_tasks)} test={len(test_tasks)} max_metric_calls={budget}"
     )
 
-    async with local_serving(
-        model=config.model,
-        db_path=db_path,
-        agent=config.agent,
-        runner_processes=config.runner_processes,
-        runner_concurrency=config.runner_concurrency,
-        max_batch_size=config.max_batch_size,
-        batch_wait_s=config.batch_wait_s,
-        console=console,
-        device=config.device,
-    ) as serving:
+    async with serve_job(config, db_path, console) as serving:
         backend = serving.backend
-        llm = LLM(
-            endpoint=serving.url,
-            model=backend.model_name,
-            sampling_parameters={"temperature": config.agent_temperature, "max_tokens": config.agent_max_tokens},
-        )
+        llm = agent_llm(config, serving)
         publisher = CandidatePublisher(
             serving.store,
             algorithm="gepa-pypi",

@@ -126,7 +126,7 @@ async def run_eval(
     from agentbolt.algorithms.apo.types import Candidate
     from agentbolt.inference.model_files import get_model_spec
     from agentbolt.trainer.demo import check_device
-    from agentbolt.trainer.local import local_serving
+    from agentbolt.trainer.prompt_opt import serve_job
     from agentbolt.types import RolloutConfig
 
     console = console or Console()
@@ -147,17 +147,7 @@ async def run_eval(
         f"{split} tasks of {config.tasks}, model={config.model}, store={db_path}"
     )
 
-    async with local_serving(
-        model=config.model,
-        db_path=db_path,
-        agent=config.agent,
-        runner_processes=config.runner_processes,
-        runner_concurrency=config.runner_concurrency,
-        max_batch_size=config.max_batch_size,
-        batch_wait_s=config.batch_wait_s,
-        console=console,
-        device=config.device,
-    ) as serving:
+    async with serve_job(config, db_path, console) as serving:
         sampling = {"temperature": config.agent_temperature, "max_tokens": config.agent_max_tokens}
         run_version, published = await serving_version(
             serving.store, version, url=serving.url, model=serving.backend.model_name, sampling=sampling

@@ -25,8 +25,9 @@ import importlib
 import json
 import time
 from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 from rich.console import Console
@@ -39,6 +40,10 @@ from agentbolt.algorithms.apo.config import APOConfig, GEPAConfig
 from agentbolt.algorithms.apo.optimizer_llm import OptimizerLLMConfig
 from agentbolt.config import _Config
 from agentbolt.errors import ConfigError
+from agentbolt.types import LLM
+
+if TYPE_CHECKING:
+    from agentbolt.trainer.local import LocalServing
 
 DEFAULT_PROMPT_AGENT = "examples.room_agent.agent:room_agent"
 DEFAULT_PROMPT_TASKS = "examples.room_agent.tasks"
@@ -127,6 +132,32 @@ def resolve_seed_prompts(config: PromptOptConfig) -> dict[str, str]:
     raise ConfigError(f"seed_prompts_from {reference!r} must be a string or a mapping of name -> text")
 
 
+def serve_job(config: PromptOptConfig, db_path: Path, console: Console) -> AbstractAsyncContextManager[LocalServing]:
+    """:func:`~agentbolt.trainer.local.local_serving` with the job's model, agent, runner and batching settings."""
+    from agentbolt.trainer.local import local_serving
+
+    return local_serving(
+        model=config.model,
+        db_path=db_path,
+        agent=config.agent,
+        runner_processes=config.runner_processes,
+        runner_concurrency=config.runner_concurrency,
+        max_batch_size=config.max_batch_size,
+        batch_wait_s=config.batch_wait_s,
+        console=console,
+        device=config.device,
+    )
+
+
+def agent_llm(config: PromptOptConfig, serving: LocalServing) -> LLM:
+    """The ``llm`` resource the agent gets: the job's gateway and model, with the job's agent sampling settings."""
+    return LLM(
+        endpoint=serving.url,
+        model=serving.backend.model_name,
+        sampling_parameters={"temperature": config.agent_temperature, "max_tokens": config.agent_max_tokens},
+    )
+
+
 def prompt_diff(seed: Mapping[str, str], best: Mapping[str, str]) -> str:
     """Unified diff, prompt by prompt (in the seed's order), from ``seed`` to ``best``; ``""`` when equal."""
     parts: list[str] = []
@@ -157,8 +188,8 @@ async def run_prompt_optimization(config: PromptOptConfig, console: Console | No
     from agentbolt.algorithms.apo.types import Candidate, TaskResult
     from agentbolt.inference.model_files import get_model_spec
     from agentbolt.trainer.demo import check_device, load_tasks_module
-    from agentbolt.trainer.local import fresh_db_path, local_serving
-    from agentbolt.types import LLM, RolloutConfig, RolloutMode
+    from agentbolt.trainer.local import fresh_db_path
+    from agentbolt.types import RolloutConfig, RolloutMode
 
     console = console or Console()
     t_start = time.perf_counter()
@@ -203,23 +234,9 @@ async def run_prompt_optimization(config: PromptOptConfig, console: Console | No
             f"{label}: best val {event.best_val_score:.3f}  rollouts {event.rollouts}  {event.message}"
         )
 
-    async with local_serving(
-        model=config.model,
-        db_path=db_path,
-        agent=config.agent,
-        runner_processes=config.runner_processes,
-        runner_concurrency=config.runner_concurrency,
-        max_batch_size=config.max_batch_size,
-        batch_wait_s=config.batch_wait_s,
-        console=console,
-        device=config.device,
-    ) as serving:
+    async with serve_job(config, db_path, console) as serving:
         backend = serving.backend
-        llm = LLM(
-            endpoint=serving.url,
-            model=backend.model_name,
-            sampling_parameters={"temperature": config.agent_temperature, "max_tokens": config.agent_max_tokens},
-        )
+        llm = agent_llm(config, serving)
         optimizer_config = config.optimizer
         if optimizer_config.base_url is None:
             # The job's own model: no retries (it would still be generating the abandoned answer) and a generous
