@@ -2,7 +2,7 @@
 
 Fill (documented direct path, not the store API): rows are written straight into a store file migrated by
 :class:`~agentbolt.store.SqliteLightningStore`, with the column order of :mod:`agentbolt.store.tables` and JSON encoded
-as the store encodes it; 10 spans per rollout (3 gateway LLM calls with token ids and logprobs, 3 tool calls, an
+as the store encodes it; 11 spans per started rollout (3 gateway LLM calls with token ids and logprobs, 3 tool calls, an
 exception on failures, a reward), inputs shaped like the calc and room tasks of ``examples/``. Then the real server
 (uvicorn on 127.0.0.1) is started over that file and each query is timed end to end with httpx, 20 requests each
 (3 for the scores and the error summary); ``--only scores`` times only the queries whose label contains ``scores``.
@@ -42,8 +42,8 @@ def _input(i: int, rng: random.Random) -> dict[str, object]:
     }
 
 
-def fill(path: Path, n_rollouts: int, seed: int = 0) -> None:
-    """Write ``n_rollouts`` rollouts (1 attempt each, 10 spans) into a migrated store file."""
+def fill(path: Path, n_rollouts: int, seed: int = 0) -> int:
+    """Write ``n_rollouts`` rollouts (1 attempt each, 11 spans per started one) into a migrated store file."""
     rng = random.Random(seed)
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
@@ -99,7 +99,7 @@ def fill(path: Path, n_rollouts: int, seed: int = 0) -> None:
             else None
         )
         rows_a.append((aid, rid, 1, a_status, "w-1", rs, t + 1, t + 20, t + 20, error))
-        for k in range(10):
+        for k in range(11):
             if k in (0, 3, 6):
                 prompt = [rng.randrange(50_000) for _ in range(24)]
                 resp = [rng.randrange(50_000) for _ in range(8)]
@@ -117,6 +117,8 @@ def fill(path: Path, n_rollouts: int, seed: int = 0) -> None:
                 name, attrs = "agentbolt.reward", {"agentbolt.reward.value": reward}
             elif k == 9 and a_status == "failed":
                 name, attrs = "agentbolt.exception", {"exception.type": "KeyError", "exception.message": "x"}
+            elif k == 10:
+                name, attrs = "agentbolt.message", {"agentbolt.message.body": "done"}
             else:
                 name, attrs = "agentbolt.operation", {"agentbolt.operation.name": "step"}
             rows_s.append(
@@ -142,7 +144,9 @@ def fill(path: Path, n_rollouts: int, seed: int = 0) -> None:
     conn.executemany(s_sql, rows_s)
     conn.execute("COMMIT")
     conn.execute("ANALYZE")
+    (n_spans,) = conn.execute("SELECT count(*) FROM spans").fetchone()
     conn.close()
+    return int(n_spans)
 
 
 async def measure(path: Path, n_rollouts: int, repeats: int, only: str | None = None) -> list[tuple[str, float, float]]:
@@ -196,9 +200,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "store.db"
         t0 = time.perf_counter()
-        fill(path, args.rollouts)
+        n_spans = fill(path, args.rollouts)
         print(
-            f"filled {args.rollouts} rollouts, ~{args.rollouts * 19 // 2} spans in {time.perf_counter() - t0:.1f} s"
+            f"filled {args.rollouts} rollouts, {n_spans} spans in {time.perf_counter() - t0:.1f} s"
             f" ({path.stat().st_size / 1e6:.0f} MB)"
         )
         rows = asyncio.run(measure(path, args.rollouts, args.repeats, args.only))
