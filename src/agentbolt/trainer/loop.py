@@ -230,11 +230,11 @@ class RLTrainer:
         self.swap_gate = swap_gate
         self.versions: list[str] = [backend.model_version]
         self.last_train_step = 0  # the last finished step: the train_step of evaluate()'s val_accuracy metrics
-        self._throughput_mark = self._throughput()
         self.agent_match = agent_match
         self.store = store
         self.sync_weights = sync_weights
         self.backend = backend
+        self._throughput_mark = self._throughput()
         self.updater = updater
         self.config = config
         self.gateway_url = gateway_url
