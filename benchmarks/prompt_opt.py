@@ -412,33 +412,19 @@ async def run_gepa_pypi(config: Any, budget: int, console: Any) -> dict[str, Any
 
     from agentbolt.algorithms.apo import CandidatePublisher, StoreEvaluator
     from agentbolt.algorithms.apo.types import task_id_of
-    from agentbolt.errors import ConfigError
-    from agentbolt.inference.model_files import get_model_spec
-    from agentbolt.trainer.demo import check_device, load_tasks_module
     from agentbolt.trainer.local import fresh_db_path
     from agentbolt.trainer.prompt_opt import (
         agent_llm,
+        check_job_inputs,
         print_result,
         prompt_diff,
-        resolve_seed_prompts,
         serve_job,
         write_outputs,
     )
     from agentbolt.types import RolloutConfig, RolloutMode
 
     t_start = time.perf_counter()
-    if not Path(config.model).is_dir():
-        get_model_spec(config.model)
-    check_device(config.device)
-    tasks_mod = load_tasks_module(config.tasks)
-    seed_prompts = resolve_seed_prompts(config)
-    train_tasks = list(tasks_mod.load_train_tasks(size=config.train_size))
-    val_tasks = list(next(iter(tasks_mod.load_val_sets(n_per_set=config.val_size).values()), []))
-    test_tasks: list[dict[str, Any]] = []
-    if config.eval_test and callable(getattr(tasks_mod, "load_test_tasks", None)):
-        test_tasks = list(tasks_mod.load_test_tasks())
-    if not train_tasks or not val_tasks:
-        raise ConfigError(f"{config.tasks} gave {len(train_tasks)} training and {len(val_tasks)} validation tasks")
+    seed_prompts, train_tasks, val_tasks, test_tasks = check_job_inputs(config)
     db_path = fresh_db_path(config.out_dir, overwrite=config.overwrite)
     log_path = config.out_dir / "gepa_log.txt"
     log_path.unlink(missing_ok=True)

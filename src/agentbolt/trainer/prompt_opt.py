@@ -132,6 +132,36 @@ def resolve_seed_prompts(config: PromptOptConfig) -> dict[str, str]:
     raise ConfigError(f"seed_prompts_from {reference!r} must be a string or a mapping of name -> text")
 
 
+def check_job_inputs(
+    config: PromptOptConfig,
+) -> tuple[dict[str, str], list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Check the model name and device, and load the seed prompts and the train / validation / test tasks (test
+    empty unless ``eval_test`` and the tasks module has ``load_test_tasks``); nothing is written.
+
+    Raises:
+        ConfigError: unknown model or device, tasks module or seed prompts that do not load, no training or
+            validation tasks.
+    """
+    from agentbolt.inference.model_files import get_model_spec
+    from agentbolt.trainer.demo import check_device, load_tasks_module
+
+    if not Path(config.model).is_dir():
+        get_model_spec(config.model)
+    check_device(config.device)
+    tasks_mod = load_tasks_module(config.tasks)
+    seed_prompts = resolve_seed_prompts(config)
+    train_tasks = list(tasks_mod.load_train_tasks(size=config.train_size))
+    val_tasks = list(next(iter(tasks_mod.load_val_sets(n_per_set=config.val_size).values()), []))
+    test_tasks: list[dict[str, Any]] = []
+    if config.eval_test and callable(getattr(tasks_mod, "load_test_tasks", None)):
+        test_tasks = list(tasks_mod.load_test_tasks())
+    if not train_tasks or not val_tasks:
+        raise ConfigError(
+            f"{config.tasks} gave {len(train_tasks)} training and {len(val_tasks)} validation tasks; both are needed"
+        )
+    return seed_prompts, train_tasks, val_tasks, test_tasks
+
+
 def serve_job(config: PromptOptConfig, db_path: Path, console: Console) -> AbstractAsyncContextManager[LocalServing]:
     """:func:`~agentbolt.trainer.local.local_serving` with the job's model, agent, runner and batching settings."""
     from agentbolt.trainer.local import local_serving
@@ -186,28 +216,12 @@ async def run_prompt_optimization(config: PromptOptConfig, console: Console | No
     from agentbolt.algorithms.apo.candidates import ProgressEvent
     from agentbolt.algorithms.apo.templates import load_templates
     from agentbolt.algorithms.apo.types import Candidate, TaskResult
-    from agentbolt.inference.model_files import get_model_spec
-    from agentbolt.trainer.demo import check_device, load_tasks_module
     from agentbolt.trainer.local import fresh_db_path
     from agentbolt.types import RolloutConfig, RolloutMode
 
     console = console or Console()
     t_start = time.perf_counter()
-    if not Path(config.model).is_dir():
-        get_model_spec(config.model)
-    check_device(config.device)
-    tasks_mod = load_tasks_module(config.tasks)
-    seed_prompts = resolve_seed_prompts(config)
-    train_tasks = list(tasks_mod.load_train_tasks(size=config.train_size))
-    val_sets = tasks_mod.load_val_sets(n_per_set=config.val_size)
-    val_tasks = list(next(iter(val_sets.values()), []))
-    test_tasks: list[dict[str, Any]] = []
-    if config.eval_test and callable(getattr(tasks_mod, "load_test_tasks", None)):
-        test_tasks = list(tasks_mod.load_test_tasks())
-    if not train_tasks or not val_tasks:
-        raise ConfigError(
-            f"{config.tasks} gave {len(train_tasks)} training and {len(val_tasks)} validation tasks; both are needed"
-        )
+    seed_prompts, train_tasks, val_tasks, test_tasks = check_job_inputs(config)
     settings = config.apo if config.algorithm == "apo" else config.gepa
     templates = load_templates(settings.templates)  # a bad override fails here, before anything is written
     db_path = fresh_db_path(config.out_dir, overwrite=config.overwrite)
