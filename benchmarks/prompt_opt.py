@@ -61,6 +61,7 @@ import time
 import traceback
 import types
 from collections.abc import Callable, Coroutine, Mapping, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -416,6 +417,7 @@ async def run_gepa_pypi(config: Any, budget: int, console: Any) -> dict[str, Any
     from agentbolt.trainer.prompt_opt import (
         agent_llm,
         check_job_inputs,
+        job_optimizer,
         print_result,
         prompt_diff,
         serve_job,
@@ -433,7 +435,8 @@ async def run_gepa_pypi(config: Any, budget: int, console: Any) -> dict[str, Any
         f"train={len(train_tasks)} val={len(val_tasks)} test={len(test_tasks)} max_metric_calls={budget}"
     )
 
-    async with serve_job(config, db_path, console) as serving:
+    async with AsyncExitStack() as stack:
+        serving = await stack.enter_async_context(serve_job(config, db_path, console))
         backend = serving.backend
         llm = agent_llm(config, serving)
         publisher = CandidatePublisher(
@@ -456,18 +459,18 @@ async def run_gepa_pypi(config: Any, budget: int, console: Any) -> dict[str, Any
             seed_prompts=seed_prompts,
             max_trace_chars=config.gepa.max_trace_chars,
         )
-        optimizer_base_url = config.optimizer.base_url or f"{serving.url}/v1"
-        optimizer_model = config.optimizer.model or backend.model_name
+        optimizer, optimizer_setup_s = await job_optimizer(config, serving, stack, console)
         client = OpenAI(
-            base_url=optimizer_base_url,
-            api_key=os.environ.get(config.optimizer.api_key_env, "agentbolt"),
-            timeout=config.optimizer.timeout_s,
+            base_url=optimizer.base_url,
+            api_key=os.environ.get(optimizer.api_key_env, "agentbolt"),
+            timeout=optimizer.timeout_s,
+            max_retries=optimizer.max_retries,
         )
         reflection = ReflectionLM(
             client.chat.completions.create,
-            model=optimizer_model,
-            temperature=config.optimizer.temperature,
-            max_tokens=config.optimizer.max_tokens,
+            model=str(optimizer.model),
+            temperature=optimizer.temperature,
+            max_tokens=optimizer.max_tokens,
         )
         progress = _IterationPrinter(console, adapter)
         t_opt = time.perf_counter()
@@ -508,13 +511,12 @@ async def run_gepa_pypi(config: Any, budget: int, console: Any) -> dict[str, Any
                 results = await evaluator(candidate, test_tasks, mode=RolloutMode.TEST)
                 return sum(r.reward for r in results) / len(results)
 
-            test_before = await test_score(seed)
-            test_rollouts = len(test_tasks)
             if best.candidate_id == seed.candidate_id:
-                test_after = test_before
-            else:
-                test_after = await test_score(best)
-                test_rollouts += len(test_tasks)
+                test_before = test_after = await test_score(seed)
+                test_rollouts = len(test_tasks)
+            else:  # together, as in the agentbolt arms, so the two candidates' calls share the model's batches
+                test_before, test_after = await asyncio.gather(test_score(seed), test_score(best))
+                test_rollouts = 2 * len(test_tasks)
         test_s = time.perf_counter() - t_test
         generation = backend.stats
 
@@ -524,8 +526,9 @@ async def run_gepa_pypi(config: Any, budget: int, console: Any) -> dict[str, Any
         "algorithm": "gepa-pypi",
         "gepa_version": gepa_version(),
         "model": config.model,
-        "optimizer_model": optimizer_model,
-        "optimizer_base_url": optimizer_base_url if config.optimizer.base_url is not None else "embedded",
+        "optimizer_model": optimizer.model,
+        "optimizer_base_url": optimizer.base_url if config.optimizer.base_url is not None else "embedded",
+        "optimizer_embedded_model": config.optimizer_model if config.optimizer.base_url is None else None,
         "seed_candidate": seed.candidate_id,
         "best_candidate": best.candidate_id,
         "val_before": float(result.val_aggregate_scores[0]),
@@ -540,7 +543,12 @@ async def run_gepa_pypi(config: Any, budget: int, console: Any) -> dict[str, Any
         "optimizer_calls": reflection.calls,
         "optimizer_cache_hits": 0,
         "wall_seconds": time.perf_counter() - t_start,
-        "timing_s": {"model_setup": serving.model_setup_s, "optimize": optimize_s, "test": test_s},
+        "timing_s": {
+            "model_setup": serving.model_setup_s,
+            "optimizer_model_setup": optimizer_setup_s,
+            "optimize": optimize_s,
+            "test": test_s,
+        },
         "generation": {
             "generated_tokens": generation.generated_tokens,
             "tokens_per_s": generation.tokens_per_s,

@@ -6,7 +6,11 @@ Protocol of one rollout (:func:`run_episode`):
     2. While fewer than ``MAX_TOOL_CALLS`` tool calls were made, call the model. A reply with tool calls is appended,
        each call is run by :func:`run_tool_call` and answered with a ``tool`` message (JSON, or ``Error: ...``).
        A reply without tool calls is the final reply.
-    3. The choice is parsed from the final reply by :func:`parse_choice`.
+    3. When the tool budget is spent without a final reply, one last call is made without ``tools`` after the user
+       message :data:`FINAL_ANSWER_REQUEST`; its text is the final reply. One lookup is all a task needs (the tool
+       lists every room for the slot), and Qwen2.5-0.5B, left with tools after the result, repeats the call as
+       text until ``max_tokens`` instead of answering.
+    4. The choice is parsed from the final reply by :func:`parse_choice`.
 
 Reward: 1.0 when the parsed choice equals the task's ``expected_choice`` exactly (room names compared as written in
 ``rooms.json``, "No Room" as is), else 0.0; emitted as ``emit_reward(value, name="correct")``, with the parsed
@@ -33,7 +37,8 @@ from agentbolt import LLM, PromptTemplate, emit_reward, rollout, semconv
 from .rooms import NO_ROOM, get_rooms_and_availability, room_ids
 from .tasks import Task
 
-MAX_TOOL_CALLS = 3
+MAX_TOOL_CALLS = 1
+FINAL_ANSWER_REQUEST = "No tool calls are left. Reply now with the room you choose."
 DEFAULT_TEMPERATURE = 0.0
 DEFAULT_MAX_TOKENS = 256
 TOOL_NAME = "get_rooms_and_availability"
@@ -202,6 +207,10 @@ def run_episode(
                 result = run_tool_call(getattr(function, "name", None), getattr(function, "arguments", None))
                 tool_calls += 1
             messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+    if final_text is None:
+        messages.append({"role": "user", "content": FINAL_ANSWER_REQUEST})
+        final_text = create(model=model, messages=messages, **sampling).choices[0].message.content
+        messages.append({"role": "assistant", "content": final_text})
     return Episode(messages=messages, final_text=final_text, choice=parse_choice(final_text), tool_calls=tool_calls)
 
 

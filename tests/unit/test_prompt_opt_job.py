@@ -17,7 +17,13 @@ from agentbolt.errors import ConfigError
 from agentbolt.runner.worker import Runner
 from agentbolt.store.sqlite import SqliteLightningStore
 from agentbolt.trainer.demo import TrainConfig, load_job_config
-from agentbolt.trainer.prompt_opt import PromptOptConfig, prompt_diff, resolve_seed_prompts, write_outputs
+from agentbolt.trainer.prompt_opt import (
+    PromptOptConfig,
+    check_job_inputs,
+    prompt_diff,
+    resolve_seed_prompts,
+    write_outputs,
+)
 from agentbolt.types import Rollout, RolloutMode, RolloutStatus, Span
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,6 +41,27 @@ def test_room_config_is_a_prompt_job_and_algorithm_selects_the_config(tmp_path: 
         load_job_config(REPO / "examples/room_agent/config.yaml", ["apo.rounds=0"])
     with pytest.raises(ConfigError, match="grpo: Extra inputs are not permitted"):
         load_job_config(REPO / "examples/room_agent/config.yaml", ["grpo.steps=2"])
+
+
+def test_optimizer_model_is_checked_before_anything_is_written(tmp_path: Path) -> None:
+    room = REPO / "examples/room_agent/config.yaml"
+    out = tmp_path / "never"
+    job = load_job_config(room, [f"out_dir={out}", "optimizer_model=qwen2.5-coder-1.5b"])
+    assert isinstance(job, PromptOptConfig) and job.optimizer_model == "qwen2.5-coder-1.5b"
+    assert len(check_job_inputs(job)[2]) == 19  # a known model name passes (it is not loaded here)
+    unknown = load_job_config(room, [f"out_dir={out}", "optimizer_model=qwen-9000"])
+    assert isinstance(unknown, PromptOptConfig)
+    with pytest.raises(ConfigError, match="unknown embedded model 'qwen-9000'; known models: .*qwen2.5-coder-1.5b"):
+        check_job_inputs(unknown)
+    both = load_job_config(
+        room, [f"out_dir={out}", "optimizer_model=smollm2-135m", "optimizer.base_url=http://127.0.0.1:9/v1"]
+    )
+    assert isinstance(both, PromptOptConfig)
+    with pytest.raises(
+        ConfigError, match="optimizer_model 'smollm2-135m' is served by this job, but optimizer.base_url"
+    ):
+        check_job_inputs(both)
+    assert not out.exists()
 
 
 def test_seed_prompts_come_from_the_file_or_a_reference() -> None:

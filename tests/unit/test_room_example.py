@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 from examples.room_agent.agent import (
     BASELINE_PROMPT,
+    FINAL_ANSWER_REQUEST,
+    MAX_TOOL_CALLS,
     compute_reward,
     feedback,
     parse_choice,
@@ -117,3 +119,31 @@ def test_episode_with_a_scripted_model() -> None:
     assert "Needed equipment: whiteboard" in requests[0]["messages"][0]["content"]
     tool_message = json.loads(episode.messages[2]["content"])
     assert {room["id"]: room["available"] for room in tool_message["rooms"]}["Orion"] is False
+
+
+def test_episode_asks_for_an_answer_without_tools_once_the_tool_budget_is_spent() -> None:
+    """A model that only ever calls the tool gets ``MAX_TOOL_CALLS`` results, then one request without ``tools``
+    after :data:`FINAL_ANSWER_REQUEST`; that reply is the final one."""
+    task = next(task for task in load_tasks() if task["task_id"] == "s13")
+    arguments = json.dumps({"date": task["date"], "time": task["time"], "duration_min": task["duration_min"]})
+    requests: list[dict[str, Any]] = []
+
+    def create(**kwargs: Any) -> Any:
+        requests.append({**kwargs, "messages": list(kwargs["messages"])})  # the agent appends to its list later
+        if "tools" not in kwargs:
+            message = SimpleNamespace(content="Pulse is nearest. Answer: Pulse", tool_calls=None)
+        else:
+            call = SimpleNamespace(
+                id=f"c{len(requests)}", function=SimpleNamespace(name="get_rooms_and_availability", arguments=arguments)
+            )
+            message = SimpleNamespace(content=None, tool_calls=[call])
+        return SimpleNamespace(choices=[SimpleNamespace(message=message)])
+
+    episode = run_episode(create, task, model="m", prompt=BASELINE_PROMPT, sampling={"temperature": 0.0})
+    assert MAX_TOOL_CALLS == 1 and episode.tool_calls == 1
+    assert len(requests) == 2 and ["tools" in request for request in requests] == [True, False]
+    assert requests[1]["messages"][-1] == {"role": "user", "content": FINAL_ANSWER_REQUEST}
+    roles = [message["role"] for message in episode.messages]
+    assert roles == ["user", "assistant", "tool", "user", "assistant"]
+    assert episode.final_text == "Pulse is nearest. Answer: Pulse"
+    assert episode.choice == "Pulse" and compute_reward(episode.choice, task) == 0.0  # s13 expects Atlas

@@ -172,6 +172,59 @@ async def local_serving(
         await backend.close()
 
 
+@dataclass
+class ModelServing:
+    """What :func:`model_serving` started.
+
+    Attributes:
+        backend: the embedded inference backend.
+        url: the server's root URL; the model answers at ``{url}/v1/chat/completions`` (unrecorded).
+        model_setup_s: seconds spent preparing and loading the model.
+    """
+
+    backend: EmbeddedBackend
+    url: str
+    model_setup_s: float
+
+
+@asynccontextmanager
+async def model_serving(
+    *,
+    model: str | Path,
+    max_batch_size: int = 16,
+    batch_wait_s: float = 0.25,
+    console: Console | None = None,
+    device: str = "cpu",
+) -> AsyncIterator[ModelServing]:
+    """Load an embedded model and serve it on a free loopback port, with an in-memory store (nothing recorded is
+    kept); yield it; stop it. Used for a second model in one job, e.g. a larger prompt optimizer next to the agent's
+    model.
+
+    Raises:
+        ConfigError: an unknown model name.
+        BackendError: the model package is missing or the conversion failed.
+    """
+    from agentbolt.inference.embedded import EmbeddedBackend
+    from agentbolt.server.app import create_app
+    from agentbolt.server.serving import serve_in_background
+    from agentbolt.store.memory import InMemoryLightningStore
+
+    console = console or Console()
+    t_start = time.perf_counter()
+    with console.status(f"preparing the embedded model {model} (first run converts the GGUF once)"):
+        backend = EmbeddedBackend.load(
+            resolve_model(model), device=device, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s
+        )
+    model_setup_s = time.perf_counter() - t_start
+    store = InMemoryLightningStore()
+    try:
+        async with serve_in_background(create_app(store, backend)) as url:
+            yield ModelServing(backend, url, model_setup_s)
+    finally:
+        await store.close()
+        await backend.close()
+
+
 @asynccontextmanager
 async def local_training(
     *,

@@ -25,7 +25,7 @@ import importlib
 import json
 import time
 from collections.abc import Mapping
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -69,8 +69,12 @@ class PromptOptConfig(_Config):
             mapping of name -> text.
         prompt_name: the resource name of a single seed prompt given as a string.
         apo / gepa: the optimizer's settings (only the one named by ``algorithm`` is used).
-        optimizer: the optimizer LLM; ``base_url: null`` (the default) means this job's embedded model, and
-            ``model: null`` its name. Its call cache lives in ``optimizer.cache_dir``.
+        optimizer: the optimizer LLM; ``base_url: null`` (the default) means an embedded model of this job (the
+            agent's, or ``optimizer_model``), and ``model: null`` its name. Its call cache lives in
+            ``optimizer.cache_dir``.
+        optimizer_model: an embedded model (name or prepared bf16 directory) loaded in this job only to serve as the
+            optimizer, e.g. ``qwen2.5-coder-1.5b`` (extra ``models-1-5b``); ``None``: the agent's model. Only with
+            ``optimizer.base_url: null``.
         train_size / val_size: tasks asked of the tasks module (``None``: all).
         eval_test: score the seed and the best candidate on ``load_test_tasks()`` at the end.
         agent_temperature / agent_max_tokens: sampling of the agent's LLM calls (the ``llm`` resource).
@@ -91,6 +95,7 @@ class PromptOptConfig(_Config):
     apo: APOConfig = Field(default_factory=APOConfig)
     gepa: GEPAConfig = Field(default_factory=GEPAConfig)
     optimizer: OptimizerLLMConfig = Field(default_factory=OptimizerLLMConfig)
+    optimizer_model: str | None = None
     train_size: int | None = Field(default=None, ge=1)
     val_size: int | None = Field(default=None, ge=1)
     eval_test: bool = True
@@ -139,14 +144,20 @@ def check_job_inputs(
     empty unless ``eval_test`` and the tasks module has ``load_test_tasks``); nothing is written.
 
     Raises:
-        ConfigError: unknown model or device, tasks module or seed prompts that do not load, no training or
-            validation tasks.
+        ConfigError: unknown model (agent or optimizer) or device, ``optimizer_model`` next to an
+            ``optimizer.base_url``, tasks module or seed prompts that do not load, no training or validation tasks.
     """
     from agentbolt.inference.model_files import get_model_spec
     from agentbolt.trainer.demo import check_device, load_tasks_module
 
-    if not Path(config.model).is_dir():
-        get_model_spec(config.model)
+    for model in (config.model, config.optimizer_model):
+        if model is not None and not Path(model).is_dir():
+            get_model_spec(model)
+    if config.optimizer_model is not None and config.optimizer.base_url is not None:
+        raise ConfigError(
+            f"optimizer_model {config.optimizer_model!r} is served by this job, but optimizer.base_url is set to "
+            f"{config.optimizer.base_url!r}; set one of them only"
+        )
     check_device(config.device)
     tasks_mod = load_tasks_module(config.tasks)
     seed_prompts = resolve_seed_prompts(config)
@@ -186,6 +197,45 @@ def agent_llm(config: PromptOptConfig, serving: LocalServing) -> LLM:
         model=serving.backend.model_name,
         sampling_parameters={"temperature": config.agent_temperature, "max_tokens": config.agent_max_tokens},
     )
+
+
+async def job_optimizer(
+    config: PromptOptConfig, serving: LocalServing, stack: AsyncExitStack, console: Console
+) -> tuple[OptimizerLLMConfig, float]:
+    """The optimizer settings with its endpoint resolved, and the seconds spent loading an optimizer model.
+
+    ``optimizer.base_url`` set: used as is (0 s). Otherwise a model of this job answers: ``optimizer_model``, loaded
+    and served on its own loopback server entered on ``stack`` (so it stops with the job), else the agent's model on
+    the job's server; either way through the unrecorded ``/v1/chat/completions``, with no retries (the model would
+    still be generating the abandoned answer) and a timeout of at least :data:`EMBEDDED_OPTIMIZER_TIMEOUT_S` (a long
+    critique on 2 CPU cores takes minutes).
+    """
+    optimizer_config = config.optimizer
+    if optimizer_config.base_url is not None:
+        return optimizer_config, 0.0
+    url, name, setup_s = serving.url, serving.backend.model_name, 0.0
+    if config.optimizer_model is not None:
+        from agentbolt.trainer.local import model_serving
+
+        served = await stack.enter_async_context(
+            model_serving(
+                model=config.optimizer_model,
+                max_batch_size=config.max_batch_size,
+                batch_wait_s=config.batch_wait_s,
+                console=console,
+                device=config.device,
+            )
+        )
+        url, name, setup_s = served.url, served.backend.model_name, served.model_setup_s
+    resolved = optimizer_config.model_copy(
+        update={
+            "base_url": f"{url}/v1",
+            "model": optimizer_config.model or name,
+            "max_retries": 0,
+            "timeout_s": max(optimizer_config.timeout_s, EMBEDDED_OPTIMIZER_TIMEOUT_S),
+        }
+    )
+    return resolved, setup_s
 
 
 def prompt_diff(seed: Mapping[str, str], best: Mapping[str, str]) -> str:
@@ -248,21 +298,11 @@ async def run_prompt_optimization(config: PromptOptConfig, console: Console | No
             f"{label}: best val {event.best_val_score:.3f}  rollouts {event.rollouts}  {event.message}"
         )
 
-    async with serve_job(config, db_path, console) as serving:
+    async with AsyncExitStack() as stack:
+        serving = await stack.enter_async_context(serve_job(config, db_path, console))
         backend = serving.backend
         llm = agent_llm(config, serving)
-        optimizer_config = config.optimizer
-        if optimizer_config.base_url is None:
-            # The job's own model: no retries (it would still be generating the abandoned answer) and a generous
-            # timeout (a long critique on 2 CPU cores takes minutes).
-            optimizer_config = optimizer_config.model_copy(
-                update={
-                    "base_url": f"{serving.url}/v1",
-                    "model": optimizer_config.model or backend.model_name,
-                    "max_retries": 0,
-                    "timeout_s": max(optimizer_config.timeout_s, EMBEDDED_OPTIMIZER_TIMEOUT_S),
-                }
-            )
+        optimizer_config, optimizer_setup_s = await job_optimizer(config, serving, stack, console)
         optimizer = build_optimizer_llm(optimizer_config)
         evaluator = StoreEvaluator(
             serving.store,
@@ -322,6 +362,7 @@ async def run_prompt_optimization(config: PromptOptConfig, console: Console | No
         "model": config.model,
         "optimizer_model": optimizer_config.model,
         "optimizer_base_url": optimizer_config.base_url if config.optimizer.base_url is not None else "embedded",
+        "optimizer_embedded_model": config.optimizer_model if config.optimizer.base_url is None else None,
         "seed_candidate": result.seed.candidate.candidate_id,
         "best_candidate": result.best.candidate.candidate_id,
         "val_before": result.seed.val_score,
@@ -335,7 +376,12 @@ async def run_prompt_optimization(config: PromptOptConfig, console: Console | No
         "optimizer_cache_hits": result.usage.cache_hits,
         "rejected_edits": result.usage.rejected_edits,
         "wall_seconds": time.perf_counter() - t_start,
-        "timing_s": {"model_setup": serving.model_setup_s, "optimize": optimize_s, "test": test_s},
+        "timing_s": {
+            "model_setup": serving.model_setup_s,
+            "optimizer_model_setup": optimizer_setup_s,
+            "optimize": optimize_s,
+            "test": test_s,
+        },
         "generation": {
             "generated_tokens": generation.generated_tokens,
             "tokens_per_s": generation.tokens_per_s,
