@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from agentbolt.config import GRPOConfig
-from agentbolt.errors import ConfigError
+from agentbolt.errors import BackendError, ConfigError
 
 if TYPE_CHECKING:
     from agentbolt.algorithms.rl.torch_backend import TorchTrainerConfig
     from agentbolt.inference.embedded import EmbeddedBackend
+    from agentbolt.runner.processes import RunnerPool
     from agentbolt.server.gateway.swap import WeightSwapGate
     from agentbolt.store.sqlite import SqliteLightningStore
     from agentbolt.trainer.loop import RLTrainer
@@ -107,6 +108,52 @@ class LocalServing:
     model_setup_s: float
 
 
+class RunnerWatch:
+    """Cancels the task that started it when every runner process of ``pool`` has exited, so a job waiting on
+    rollouts fails instead of waiting forever (a runner killed by the OS, or crashing at start-up).
+
+    The task then gets :class:`~agentbolt.errors.BackendError` from :meth:`raise_if_dead`, called where it catches
+    the cancellation. Checks every ``interval_s`` seconds; :meth:`close` stops watching.
+    """
+
+    def __init__(self, pool: RunnerPool, interval_s: float = 1.0) -> None:
+        self.pool = pool
+        self.interval_s = interval_s
+        self.exit_codes: list[int | None] | None = None
+        self._owner = asyncio.current_task()
+        self._watcher = asyncio.create_task(self._watch())
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            if self.pool.alive() == 0:
+                self.exit_codes = [process.exitcode for process in self.pool.processes]
+                if self._owner is not None:
+                    self._owner.cancel()
+                return
+
+    def raise_if_dead(self) -> None:
+        """Raise :class:`~agentbolt.errors.BackendError` if the watch cancelled the task (the cancellation is
+        withdrawn); return otherwise.
+
+        Raises:
+            BackendError: every runner process exited; the message gives their exit codes.
+        """
+        if self.exit_codes is None:
+            return
+        if self._owner is not None:
+            self._owner.uncancel()
+        codes = ", ".join(str(code) for code in self.exit_codes)
+        raise BackendError(
+            f"every runner process exited (exit codes {codes}) while rollouts were waiting; their output above says "
+            "why (a negative code is the signal that killed it, e.g. -9 when the system ran out of memory)"
+        )
+
+    def close(self) -> None:
+        """Stop watching (the runners are about to be stopped on purpose)."""
+        self._watcher.cancel()
+
+
 @asynccontextmanager
 async def local_serving(
     *,
@@ -137,6 +184,8 @@ async def local_serving(
 
     Raises:
         ConfigError: an unknown model name or a bad ``agent`` reference (before anything is started).
+        BackendError: every runner process exited while the block was running (:class:`RunnerWatch`): the block is
+            cancelled and this is raised instead of waiting forever for rollouts.
     """
     from agentbolt.inference.embedded import EmbeddedBackend
     from agentbolt.runner.processes import load_agent, start_runner_processes
@@ -162,9 +211,14 @@ async def local_serving(
         app = create_app(store, backend, swap_gate=gate)
         async with serve_in_background(app) as url:
             pool = start_runner_processes(agent, url, n_processes=runner_processes, concurrency=runner_concurrency)
+            watch = RunnerWatch(pool)
             try:
                 yield LocalServing(store, backend, url, gate, model_setup_s)
+            except asyncio.CancelledError:
+                watch.raise_if_dead()
+                raise
             finally:
+                watch.close()
                 # In a thread: joining blocks, and the server on this loop must keep answering the runners.
                 await asyncio.to_thread(pool.stop)
     finally:
