@@ -13,7 +13,7 @@ import pytest
 from agentbolt import PromptTemplate, emit_reward, rollout, semconv
 from agentbolt.algorithms.apo import APOConfig, StoreEvaluator, optimize_apo
 from agentbolt.algorithms.apo.store_evaluator import conversation, task_result_from_spans
-from agentbolt.errors import ConfigError
+from agentbolt.errors import BackendError, ConfigError
 from agentbolt.runner.worker import Runner
 from agentbolt.store.sqlite import SqliteLightningStore
 from agentbolt.trainer.demo import TrainConfig, load_job_config
@@ -43,16 +43,33 @@ def test_room_config_is_a_prompt_job_and_algorithm_selects_the_config(tmp_path: 
         load_job_config(REPO / "examples/room_agent/config.yaml", ["grpo.steps=2"])
 
 
-def test_optimizer_model_is_checked_before_anything_is_written(tmp_path: Path) -> None:
+def test_optimizer_model_is_checked_before_anything_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentbolt.inference import model_files
+
     room = REPO / "examples/room_agent/config.yaml"
     out = tmp_path / "never"
-    job = load_job_config(room, [f"out_dir={out}", "optimizer_model=qwen2.5-coder-1.5b"])
-    assert isinstance(job, PromptOptConfig) and job.optimizer_model == "qwen2.5-coder-1.5b"
-    assert len(check_job_inputs(job)[2]) == 19  # a known model name passes (it is not loaded here)
+    job = load_job_config(room, [f"out_dir={out}", "optimizer_model=smollm2-135m"])
+    assert isinstance(job, PromptOptConfig) and job.optimizer_model == "smollm2-135m"
+    assert len(check_job_inputs(job)[2]) == 19  # installed by `make setup`; not loaded here
     unknown = load_job_config(room, [f"out_dir={out}", "optimizer_model=qwen-9000"])
     assert isinstance(unknown, PromptOptConfig)
     with pytest.raises(ConfigError, match="unknown embedded model 'qwen-9000'; known models: .*qwen2.5-coder-1.5b"):
         check_job_inputs(unknown)
+    # a registered model whose package is not installed (and that is not prepared): refused with the pip command
+    missing = model_files.ModelSpec(
+        name="not-installed-model",
+        description="a model for this test; its package does not exist",
+        parts=(model_files.ModelPart("agentbolt_test_no_such_part", "m.gguf", 1, "0" * 64, "no-such-part==1.0"),),
+        size_bytes=1,
+        sha256="0" * 64,
+        install_command="pip install no-such-part==1.0",
+    )
+    monkeypatch.setitem(model_files.MODEL_SPECS, missing.name, missing)
+    monkeypatch.setenv("AGENTBOLT_CACHE", str(tmp_path / "cache"))
+    absent = load_job_config(room, [f"out_dir={out}", "optimizer_model=not-installed-model"])
+    assert isinstance(absent, PromptOptConfig)
+    with pytest.raises(BackendError, match="needs the package 'no-such-part==1.0'.*pip install no-such-part==1.0"):
+        check_job_inputs(absent)
     both = load_job_config(
         room, [f"out_dir={out}", "optimizer_model=smollm2-135m", "optimizer.base_url=http://127.0.0.1:9/v1"]
     )

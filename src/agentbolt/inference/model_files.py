@@ -308,6 +308,18 @@ def is_prepared(path: Path, spec: ModelSpec) -> bool:
     return isinstance(marker, dict) and marker.get("source_sha256") == spec.sha256
 
 
+def check_model_available(name: str, cache_dir: Path | str | None = None) -> None:
+    """Check, without converting anything, that :func:`prepare_model` can give ``name``: it is prepared already,
+    or its packages are installed. Jobs call this before they write anything.
+
+    Raises:
+        ConfigError: unknown ``name``.
+        BackendError: not prepared and a package is not installed; the message gives the pip command.
+    """
+    spec = get_model_spec(name)
+    if not is_prepared(prepared_path(name, cache_dir), spec):
+        locate_parts(spec)
+
 def prepare_model(name: str, cache_dir: Path | str | None = None) -> Path:
     """Return a bf16 Hugging Face directory of embedded model ``name``, converting it on first use.
 

@@ -146,13 +146,14 @@ def check_job_inputs(
     Raises:
         ConfigError: unknown model (agent or optimizer) or device, ``optimizer_model`` next to an
             ``optimizer.base_url``, tasks module or seed prompts that do not load, no training or validation tasks.
+        BackendError: a model that is neither prepared nor installed (the message gives the pip command).
     """
-    from agentbolt.inference.model_files import get_model_spec
+    from agentbolt.inference.model_files import check_model_available
     from agentbolt.trainer.demo import check_device, load_tasks_module
 
     for model in (config.model, config.optimizer_model):
         if model is not None and not Path(model).is_dir():
-            get_model_spec(model)
+            check_model_available(model)
     if config.optimizer_model is not None and config.optimizer.base_url is not None:
         raise ConfigError(
             f"optimizer_model {config.optimizer_model!r} is served by this job, but optimizer.base_url is set to "
