@@ -320,6 +320,7 @@ def check_model_available(name: str, cache_dir: Path | str | None = None) -> Non
     if not is_prepared(prepared_path(name, cache_dir), spec):
         locate_parts(spec)
 
+
 def prepare_model(name: str, cache_dir: Path | str | None = None) -> Path:
     """Return a bf16 Hugging Face directory of embedded model ``name``, converting it on first use.
 

@@ -73,8 +73,8 @@ class PromptOptConfig(_Config):
             agent's, or ``optimizer_model``), and ``model: null`` its name. Its call cache lives in
             ``optimizer.cache_dir``.
         optimizer_model: an embedded model (name or prepared bf16 directory) loaded in this job only to serve as the
-            optimizer, e.g. ``qwen2.5-coder-1.5b`` (extra ``models-1-5b``); ``None``: the agent's model. Only with
-            ``optimizer.base_url: null``.
+            optimizer, e.g. ``qwen2.5-coder-1.5b`` (extra ``models-1-5b``); ``None``: the agent's model. Not used
+            (nor loaded) when ``optimizer.base_url`` is set.
         train_size / val_size: tasks asked of the tasks module (``None``: all).
         eval_test: score the seed and the best candidate on ``load_test_tasks()`` at the end.
         agent_temperature / agent_max_tokens: sampling of the agent's LLM calls (the ``llm`` resource).
@@ -144,21 +144,17 @@ def check_job_inputs(
     empty unless ``eval_test`` and the tasks module has ``load_test_tasks``); nothing is written.
 
     Raises:
-        ConfigError: unknown model (agent or optimizer) or device, ``optimizer_model`` next to an
-            ``optimizer.base_url``, tasks module or seed prompts that do not load, no training or validation tasks.
+        ConfigError: unknown model (agent or optimizer) or device, tasks module or seed prompts that do not load,
+            no training or validation tasks.
         BackendError: a model that is neither prepared nor installed (the message gives the pip command).
     """
     from agentbolt.inference.model_files import check_model_available
     from agentbolt.trainer.demo import check_device, load_tasks_module
 
-    for model in (config.model, config.optimizer_model):
+    optimizer_model = config.optimizer_model if config.optimizer.base_url is None else None
+    for model in (config.model, optimizer_model):
         if model is not None and not Path(model).is_dir():
             check_model_available(model)
-    if config.optimizer_model is not None and config.optimizer.base_url is not None:
-        raise ConfigError(
-            f"optimizer_model {config.optimizer_model!r} is served by this job, but optimizer.base_url is set to "
-            f"{config.optimizer.base_url!r}; set one of them only"
-        )
     check_device(config.device)
     tasks_mod = load_tasks_module(config.tasks)
     seed_prompts = resolve_seed_prompts(config)
@@ -304,6 +300,7 @@ async def run_prompt_optimization(config: PromptOptConfig, console: Console | No
         backend = serving.backend
         llm = agent_llm(config, serving)
         optimizer_config, optimizer_setup_s = await job_optimizer(config, serving, stack, console)
+        console.print(f"optimizer: {optimizer_config.model} at {optimizer_config.base_url}")
         optimizer = build_optimizer_llm(optimizer_config)
         evaluator = StoreEvaluator(
             serving.store,
