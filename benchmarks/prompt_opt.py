@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Prompt optimization, side by side: agentbolt's APO, agentbolt's GEPA and the PyPI ``gepa`` package, on the room
-agent's fixed split, with the same embedded model as agent and optimizer and the same rollout budget.
+agent's fixed split, with the same agent model, optimizer model and rollout budget.
 
 Arms (each runs in turn, each starts its own embedded model, SQLite store, server and runner processes, and writes
 ``OUT/<arm>/`` with ``store.db`` and ``summary.json``):
@@ -18,7 +18,8 @@ Arms (each runs in turn, each starts its own embedded model, SQLite store, serve
   same train / validation tasks, and :class:`StoreGEPAAdapter`: every candidate gepa evaluates is published as a
   resources version (:class:`~agentbolt.algorithms.apo.candidates.CandidatePublisher`) and every score is a real
   rollout through the store (:class:`~agentbolt.algorithms.apo.store_evaluator.StoreEvaluator`). Its reflection LM
-  (:class:`ReflectionLM`) calls the same embedded model through the server's plain ``/v1/chat/completions`` with the
+  (:class:`ReflectionLM`) calls the same optimizer as our arms (:func:`~agentbolt.trainer.prompt_opt.job_optimizer`:
+  ``optimizer_model`` or the agent's model, through the plain ``/v1/chat/completions``) with the
   ``optimizer.temperature`` / ``optimizer.max_tokens`` of our arms (no call cache). Mapped from the same config:
   ``reflection_minibatch_size = gepa.minibatch_size``, ``use_merge = gepa.use_merge``, ``max_merge_invocations =
   gepa.max_merges``, ``perfect_score = gepa.perfect_score``, ``seed = gepa.seed``; everything else is gepa's default
@@ -37,7 +38,7 @@ existing ``OUT/<arm>/summary.json`` files and prints it.
 
 Usage (from the repository root)::
 
-    .venv/bin/python benchmarks/prompt_opt.py --overwrite                      # 3 arms, qwen2.5-0.5b, budget 160
+    .venv/bin/python benchmarks/prompt_opt.py --overwrite                      # 3 arms, qwen2.5-0.5b, budget 107
     .venv/bin/python benchmarks/prompt_opt.py --arms gepa,gepa-pypi --budget 80 --overwrite
     .venv/bin/python benchmarks/prompt_opt.py --table-only
 
@@ -45,7 +46,7 @@ Usage (from the repository root)::
     .venv/bin/python benchmarks/prompt_opt.py --model smollm2-135m --budget 12 --test-size 2 \\
         --out runs/prompt-opt-bench-smoke --overwrite \\
         --set train_size=4 --set val_size=4 --set apo.rounds=1 --set apo.train_batch_size=2 \\
-        --set optimizer.max_tokens=128
+        --set optimizer.max_tokens=128 --set optimizer_model=null
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ from typing import Any, TypeVar
 
 DEFAULT_CONFIG = Path("examples/room_agent/config.yaml")
 DEFAULT_OUT = Path("runs/prompt-opt-bench")
-DEFAULT_BUDGET = 160
+DEFAULT_BUDGET = 107
+"""What the room config's APO settings spend at most: 19 + 2 x (6 + 2 x 19) rollouts."""
 DEFAULT_MODEL = "qwen2.5-0.5b"
 
 ARMS = ("agentbolt-apo", "agentbolt-gepa", "gepa-pypi")
