@@ -100,7 +100,7 @@ def test_arm_config_reads_the_room_config_with_overrides(bench: ModuleType, tmp_
 
     fitted = bench.BenchOptions(**{**vars(options), "budget": 100, "test_size": 3, "fit_apo_rounds": True})
     apo, tasks = bench.arm_config("agentbolt-apo", fitted)
-    assert apo.apo.rounds == 3  # val 4: 4 + (8 + 2 * 4) = 20, then + (16 + 4 * 4) per round: 52, 84 <= 100 < 116
+    assert apo.apo.rounds == 6  # val 4, beam 1, batch 6: 4 + 6 * (6 + 2 * 4) = 88 <= 100 < 102 (7 rounds)
     assert tasks == "examples.room_agent.tasks" != apo.tasks
     shim = sys.modules[apo.tasks]
     assert [len(shim.load_test_tasks()), len(shim.load_train_tasks(size=2))] == [3, 2]
