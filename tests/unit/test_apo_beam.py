@@ -28,6 +28,7 @@ from agentbolt.algorithms.apo import (
     load_templates,
     optimize_apo,
 )
+from agentbolt.algorithms.apo.types import format_outcomes
 from agentbolt.errors import ConfigError
 from agentbolt.store.memory import InMemoryLightningStore
 from agentbolt.types import LLM, PromptTemplate, RolloutMode
@@ -259,3 +260,39 @@ def test_rendering_leaves_other_braces_and_inserted_text_alone() -> None:
     templates = load_templates({"critique": TemplateOverride(text='{prompt} {"json": 1} {traces} {unknown}')})
     rendered = templates.render("critique", prompt="P {time}", traces="T {prompt}")
     assert rendered == 'P {time} {"json": 1} T {prompt} {unknown}'
+
+
+def test_critique_shows_every_batch_outcome_and_the_worst_traces() -> None:
+    """worst_k=1 shows one full trace; the outcome lines cover all 4 batch tasks (reward, answer, feedback)."""
+    script = ScriptedOptimizer()
+    optimizer = OptimizerLLM(script.create, model="scripted", sampling={"temperature": 0.7})
+    run_apo(
+        APOConfig(rounds=1, beam_width=1, branch_factor=1, train_batch_size=10, worst_k=1),
+        optimizer,
+        ScriptedEvaluator(),
+    )
+    critique = script.requests[0]
+    assert critique.count("### Task ") == 1 and "### Task t0 (reward 0.00)" in critique
+    expected_lines = [
+        "- t0: reward 0.00; answer: Nova; needs rule1",
+        "- t1: reward 0.00; answer: Nova; needs rule2",
+        "- t2: reward 0.00; answer: Nova; needs rule1",
+        "- t3: reward 0.00; answer: Nova; needs rule3",
+    ]
+    assert "\n".join(expected_lines) in critique
+
+
+def test_format_outcomes_by_hand() -> None:
+    results = [
+        TaskResult("s04", 1.0, Trace(answer="Quark", feedback="Correct: Quark.")),
+        TaskResult("s05", 0.0, Trace(answer=None, feedback="x" * 300)),
+        TaskResult("s06", 0.0, None),
+    ]
+    text = format_outcomes([{"task_id": "s04"}, {"task_id": "s05"}, {"task_id": "s06"}], results)
+    assert text.splitlines() == [
+        "- s04: reward 1.00; answer: Quark; Correct: Quark.",
+        "- s05: reward 0.00; answer: (none); " + "x" * 197 + "...",
+        "- s06: reward 0.00; answer: (none)",
+    ]
+    with pytest.raises(ValueError, match="3 tasks but 2 results"):
+        format_outcomes([{"task_id": "a"}, {"task_id": "b"}, {"task_id": "c"}], results[:2])

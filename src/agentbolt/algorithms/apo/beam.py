@@ -3,8 +3,9 @@
 One round (Pryzant et al., 2023, arXiv:2305.03495, Algorithm 1, with agent-lightning's beam defaults in spirit):
     1. draw ``train_batch_size`` training tasks; run every beam member on them;
     2. for each beam member and each branch ``b < branch_factor``: show the optimizer the member's ``worst_k``
-       lowest-reward traces and ask for a critique (the textual gradient), then ask for an edited prompt answering
-       that critique (``sample_index = b`` keeps the branches distinct and cacheable);
+       lowest-reward traces, and one line per batch task (reward, answer, feedback) so patterns across the batch
+       show, and ask for a critique (the textual gradient); then ask for an edited prompt answering that critique
+       (``sample_index = b`` keeps the branches distinct and cacheable);
     3. publish every usable edit as a new resources version (:mod:`.candidates`); score it on the validation batch;
     4. the next beam is the ``beam_width`` best of (beam + new edits) by mean validation reward; a tie goes to the
        older candidate, so the beam never gets worse on validation.
@@ -46,6 +47,7 @@ from .types import (
     TaskInput,
     TaskResult,
     Usage,
+    format_outcomes,
     format_trace,
 )
 
@@ -171,7 +173,10 @@ async def _critique_and_edit(
     pairs = sorted(zip(batch, results, strict=True), key=lambda pair: pair[1].reward)[: config.worst_k]
     traces = "\n\n".join(format_trace(task, result, max_chars=config.max_trace_chars) for task, result in pairs)
     prompt = parent.prompts[name]
-    critique = await optimizer.complete(templates.render("critique", prompt=prompt, traces=traces), sample_index=branch)
+    outcomes = format_outcomes(batch, results)
+    critique = await optimizer.complete(
+        templates.render("critique", prompt=prompt, traces=traces, outcomes=outcomes), sample_index=branch
+    )
     edit_request = templates.render(
         "edit",
         prompt=prompt,

@@ -1,7 +1,8 @@
 """The prompts that ask the optimizer LLM, as readable Markdown files shipped in the package.
 
 Files (``agentbolt/algorithms/apo/templates/``) and the placeholders each must contain:
-    * ``critique.md`` (APO, the textual gradient): ``{prompt}``, ``{traces}``;
+    * ``critique.md`` (APO, the textual gradient): ``{prompt}``, ``{traces}``; optional ``{outcomes}`` (one line per
+      task of the batch);
     * ``edit.md`` (APO, applying the gradient): ``{prompt}``, ``{critique}``; optional ``{placeholders}``,
       ``{variant}``, ``{variants}``;
     * ``reflect.md`` (GEPA, reflective mutation of one named prompt): ``{prompt}``, ``{traces}``; optional

@@ -187,6 +187,30 @@ def format_trace(task: TaskInput, result: TaskResult, *, max_chars: int = 3000, 
     return _clip("\n".join(lines), max_chars)
 
 
+def format_outcomes(tasks: Sequence[TaskInput], results: Sequence[TaskResult], *, max_feedback_chars: int = 200) -> str:
+    """One line per task, in order, for the optimizer LLM to see patterns across a whole batch (the traces show only
+    the worst few): ``- <task_id>: reward <r>; answer: <answer or (none)>; <feedback>``; feedback cut to
+    ``max_feedback_chars``.
+
+    Example:
+        ``- s04: reward 0.00; answer: Atlas; Wrong: the expected choice was Quark, the agent answered Atlas.``
+
+    Raises:
+        ValueError: ``tasks`` and ``results`` differ in length.
+    """
+    if len(tasks) != len(results):
+        raise ValueError(f"{len(tasks)} tasks but {len(results)} results")
+    lines = []
+    for result in results:
+        trace = result.trace
+        answer = trace.answer if trace is not None and trace.answer is not None else "(none)"
+        line = f"- {result.task_id}: reward {result.reward:.2f}; answer: {answer}"
+        if trace is not None and trace.feedback:
+            line += "; " + _clip(trace.feedback, max_feedback_chars)
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def _render_message(message: Message) -> str:
     role = message.get("role", "?")
     content = message.get("content")
