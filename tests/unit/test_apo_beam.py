@@ -57,9 +57,10 @@ def completion(text: str) -> ChatCompletion:
 class ScriptedOptimizer:
     """Answers critique and edit requests of the shipped templates deterministically; records every request."""
 
-    def __init__(self, *, edit_suffix: str = "") -> None:
+    def __init__(self, *, edit_suffix: str = "", drop: str | None = None) -> None:
         self.requests: list[str] = []
         self.edit_suffix = edit_suffix
+        self.drop = drop  # a placeholder the edit replaces by "noon"
 
     async def create(self, *, model: str, messages: list[dict[str, str]], **params: object) -> ChatCompletion:
         request = messages[0]["content"]
@@ -69,9 +70,8 @@ class ScriptedOptimizer:
             rule = re.search(r"missing: (rule\d)", request)
             variant = re.search(r"version (\d+)\s+of", request)
             assert prompt and rule and variant
-            return completion(
-                f"<prompt>{prompt.group(1)} {rule.group(1)} v{variant.group(1)}{self.edit_suffix}</prompt>"
-            )
+            text = f"{prompt.group(1)} {rule.group(1)} v{variant.group(1)}{self.edit_suffix}"
+            return completion(f"<prompt>{text.replace(self.drop, 'noon') if self.drop else text}</prompt>")
         rule = re.search(r"Feedback: needs (rule\d)", request)
         return completion(f"- missing: {rule.group(1) if rule else 'rule9'}")
 
@@ -210,12 +210,19 @@ def test_repeated_call_is_a_cache_hit(tmp_path: Path) -> None:
     assert call_key("m", messages, {}) != call_key("other", messages, {})
 
 
-def test_edits_that_change_placeholders_are_rejected() -> None:
+def test_invented_placeholders_are_escaped_and_dropped_ones_rejected() -> None:
+    config = APOConfig(rounds=1, branch_factor=2, worst_k=1)
     script = ScriptedOptimizer(edit_suffix=" {room}")
-    result, versions = run_apo(
-        APOConfig(rounds=1, branch_factor=2, worst_k=1), OptimizerLLM(script.create, model="m"), ScriptedEvaluator()
-    )
-    assert result.usage.rejected_edits == 2
+    result, versions = run_apo(config, OptimizerLLM(script.create, model="m"), ScriptedEvaluator())
+    # {room} is no field of the seed: kept as literal text, so both edits are usable (and the agent can fill them)
+    assert result.usage.rejected_edits == 0 and len(versions) == len(result.candidates) == 3
+    edits = [c.candidate.prompts["prompt_template"] for c in result.candidates[1:]]
+    assert edits == [f"{SEED} rule1 v1 {{{{room}}}}", f"{SEED} rule1 v2 {{{{room}}}}"]
+    assert PromptTemplate(template=edits[0]).format(time="09:00") == "Book a room at 09:00. rule1 v1 {room}"
+
+    dropping = ScriptedOptimizer(drop="{time}")
+    result, versions = run_apo(config, OptimizerLLM(dropping.create, model="m"), ScriptedEvaluator())
+    assert result.usage.rejected_edits == 2  # an edit without the seed's {time} is refused
     assert len(versions) == len(result.candidates) == 1
     assert result.best.candidate.prompts["prompt_template"] == SEED
 

@@ -199,6 +199,40 @@ def placeholder_list(text: str) -> str:
     return ", ".join("{" + name + "}" for name in sorted(fields)) if fields else "none"
 
 
+def escape_new_fields(parent_text: str, new_text: str | None) -> str | None:
+    """``new_text`` with every ``str.format`` field that ``parent_text`` lacks turned into literal text (``{options}``
+    -> ``{{options}}``, which the agent's template renders as ``{options}``); ``None`` stays ``None``.
+
+    Optimizer LLMs often invent placeholders (``{options}``, ``{equipment_availability}``) that the agent cannot
+    fill; escaping keeps the rest of the edit usable instead of rejecting it. Text that ``str.format`` cannot parse
+    (unbalanced braces) is returned unchanged, for :func:`rejection_reason` to refuse. Fields of the parent keep
+    their conversion and format spec.
+
+    Example:
+        >>> escape_new_fields("At {time}.", "At {time}. Pick one of {options}.")
+        'At {time}. Pick one of {{options}}.'
+    """
+    if new_text is None:
+        return None
+    allowed = template_fields(parent_text) or frozenset()
+    try:
+        parsed = list(string.Formatter().parse(new_text))
+    except ValueError:
+        return new_text
+    out: list[str] = []
+    for literal, field_name, format_spec, conversion in parsed:
+        out.append(literal.replace("{", "{{").replace("}", "}}"))
+        if field_name is None:
+            continue
+        field = field_name + (f"!{conversion}" if conversion else "") + (f":{format_spec}" if format_spec else "")
+        base = re.split(r"[.\[]", field_name, maxsplit=1)[0]
+        if base in allowed and not base.isdigit():
+            out.append("{" + field + "}")
+        else:
+            out.append("{{" + field.replace("{", "{{").replace("}", "}}") + "}}")
+    return "".join(out)
+
+
 def rejection_reason(parent_text: str, new_text: str | None, seen_texts: Iterable[str]) -> str | None:
     """Why a proposed prompt is unusable, or ``None`` when it is usable.
 
