@@ -66,7 +66,7 @@ class ScriptedOptimizer:
         request = messages[0]["content"]
         self.requests.append(request)
         if "<critique>" in request:
-            prompt = re.search(r"<prompt>\n(.*?)\n</prompt>", request, re.DOTALL)
+            prompt = re.search(r"<current_prompt>\n(.*?)\n</current_prompt>", request, re.DOTALL)
             rule = re.search(r"missing: (rule\d)", request)
             variant = re.search(r"version (\d+)\s+of", request)
             assert prompt and rule and variant
@@ -249,7 +249,9 @@ def test_template_override_from_config_text_and_path(tmp_path: Path) -> None:
     assert "<critique>" in load_templates().texts["edit"]  # the shipped file, read from the package
 
 
-EDIT_OVERRIDE = "CUSTOM EDIT\n<prompt>\n{prompt}\n</prompt>\n<critique>{critique}</critique> version {variant} of"
+EDIT_OVERRIDE = (
+    "CUSTOM EDIT\n<current_prompt>\n{prompt}\n</current_prompt>\n<critique>{critique}</critique> version {variant} of"
+)
 
 
 def test_bad_template_overrides_fail_with_a_message(tmp_path: Path) -> None:

@@ -105,7 +105,7 @@ def completion(text: str) -> ChatCompletion:
 async def scripted_reflection(*, model: str, messages: list[dict[str, str]], **params: object) -> ChatCompletion:
     request = messages[0]["content"]
     name_match = re.search(r'Its name is "(\w+)"', request)
-    prompt_match = re.search(r"<prompt>\n(.*?)\n</prompt>", request, re.DOTALL)
+    prompt_match = re.search(r"<current_prompt>\n(.*?)\n</current_prompt>", request, re.DOTALL)
     assert name_match and prompt_match
     name, prompt = name_match.group(1), prompt_match.group(1)
     for rule in re.findall(rf"needs {name}:(rule\d)", request):
