@@ -28,6 +28,7 @@ from agentbolt.algorithms.apo import (
     load_templates,
     optimize_apo,
 )
+from agentbolt.algorithms.apo.candidates import extract_prompt
 from agentbolt.algorithms.apo.types import format_outcomes
 from agentbolt.errors import ConfigError
 from agentbolt.store.memory import InMemoryLightningStore
@@ -305,3 +306,24 @@ def test_format_outcomes_by_hand() -> None:
     ]
     with pytest.raises(ValueError, match="3 tasks but 2 results"):
         format_outcomes([{"task_id": "a"}, {"task_id": "b"}, {"task_id": "c"}], results[:2])
+
+
+@pytest.mark.parametrize(
+    ("reply", "allow_bare", "expected"),
+    [
+        ("Reasoning.\n<prompt>\nA {time}\n</prompt>", False, "A {time}"),
+        ("<prompt>first</prompt> then <prompt>second</prompt>", False, "second"),
+        (
+            "<current_prompt>\nold {time}\n</current_prompt>\n<new_prompt>\nnew {time}\n</new_prompt>",
+            False,
+            "new {time}",
+        ),
+        ("<current_prompt>old</current_prompt>\nnew text, no tags", True, "new text, no tags"),
+        ("<current_prompt>old</current_prompt>\nno tags", False, None),
+        ("Sure.\n<prompt>\ncut by max_tokens", False, "cut by max_tokens"),
+        ("```\nfenced {time}\n```", True, "fenced {time}"),
+        ("   ", True, None),
+    ],
+)
+def test_extract_prompt_by_hand(reply: str, allow_bare: bool, expected: str | None) -> None:
+    assert extract_prompt(reply, allow_bare=allow_bare) == expected

@@ -19,8 +19,9 @@ from agentbolt.types import PromptTemplate, Resource, RolloutMode
 
 from .types import Candidate, Evaluator, TaskInput, TaskResult, Usage, task_id_of
 
-_PROMPT_BLOCK_RE = re.compile(r"<prompt>(.*?)</prompt>", re.DOTALL | re.IGNORECASE)
-_OPEN_TAG_RE = re.compile(r"<prompt>", re.IGNORECASE)
+_PROMPT_BLOCK_RE = re.compile(r"<(?:new_)?prompt>(.*?)</(?:new_)?prompt>", re.DOTALL | re.IGNORECASE)
+_OPEN_TAG_RE = re.compile(r"<(?:new_)?prompt>", re.IGNORECASE)
+_CURRENT_BLOCK_RE = re.compile(r"<current_prompt>.*?</current_prompt>", re.DOTALL | re.IGNORECASE)
 _FENCE_RE = re.compile(r"^```[A-Za-z]*\n(.*?)\n?```$", re.DOTALL)
 
 
@@ -152,10 +153,17 @@ class EvaluationBook:
 def extract_prompt(reply: str, *, allow_bare: bool) -> str | None:
     """The prompt text in an optimizer reply, stripped; ``None`` when there is none.
 
-    Rule, first that applies: the last complete ``<prompt>...</prompt>`` block; the text after the last unclosed
-    ``<prompt>`` (a reply cut by ``max_tokens``); with ``allow_bare`` (the edit template asks for the prompt only),
-    the whole reply without a surrounding Markdown code fence. An empty result is ``None``.
+    Rule, first that applies, after removing any ``<current_prompt>...</current_prompt>`` block the model echoed:
+    the last complete ``<prompt>...</prompt>`` block (``<new_prompt>`` is accepted as well: small models rename the
+    tag); the text after the last unclosed ``<prompt>`` (a reply cut by ``max_tokens``); with ``allow_bare`` (the edit
+    template asks for the prompt only), the whole reply without a surrounding Markdown code fence. An empty result is
+    ``None``.
+
+    Example:
+        >>> extract_prompt("<current_prompt>old</current_prompt> <new_prompt>new</new_prompt>", allow_bare=False)
+        'new'
     """
+    reply = _CURRENT_BLOCK_RE.sub("", reply)
     blocks = _PROMPT_BLOCK_RE.findall(reply)
     if blocks:
         text = blocks[-1]
