@@ -21,7 +21,7 @@ from .types import Candidate, Evaluator, TaskInput, TaskResult, Usage, task_id_o
 
 _PROMPT_BLOCK_RE = re.compile(r"<(?:new_)?prompt>(.*?)</(?:new_)?prompt>", re.DOTALL | re.IGNORECASE)
 _OPEN_TAG_RE = re.compile(r"<(?:new_)?prompt>", re.IGNORECASE)
-_CURRENT_BLOCK_RE = re.compile(r"<current_prompt>.*?</current_prompt>", re.DOTALL | re.IGNORECASE)
+_CURRENT_BLOCK_RE = re.compile(r"<current_prompt>(.*?)</current_prompt>", re.DOTALL | re.IGNORECASE)
 _FENCE_RE = re.compile(r"^```[A-Za-z]*\n(.*?)\n?```$", re.DOTALL)
 
 
@@ -153,24 +153,28 @@ class EvaluationBook:
 def extract_prompt(reply: str, *, allow_bare: bool) -> str | None:
     """The prompt text in an optimizer reply, stripped; ``None`` when there is none.
 
-    Rule, first that applies, after removing any ``<current_prompt>...</current_prompt>`` block the model echoed:
-    the last complete ``<prompt>...</prompt>`` block (``<new_prompt>`` is accepted as well: small models rename the
-    tag); the text after the last unclosed ``<prompt>`` (a reply cut by ``max_tokens``); with ``allow_bare`` (the edit
-    template asks for the prompt only), the whole reply without a surrounding Markdown code fence. An empty result is
-    ``None``.
+    Rule, first that applies: the last complete ``<prompt>...</prompt>`` block (``<new_prompt>`` is accepted as
+    well: small models rename the tag); the text after the last unclosed ``<prompt>`` (a reply cut by
+    ``max_tokens``); the last ``<current_prompt>...</current_prompt>`` block (small models put their new text in the
+    tag they were shown; an unchanged echo is then refused by :func:`rejection_reason`); with ``allow_bare`` (the edit
+    template asks for the prompt only), the whole reply without a surrounding Markdown code fence. Text inside
+    ``<current_prompt>`` blocks is never searched for the other tags. An empty result is ``None``.
 
     Example:
         >>> extract_prompt("<current_prompt>old</current_prompt> <new_prompt>new</new_prompt>", allow_bare=False)
         'new'
     """
-    reply = _CURRENT_BLOCK_RE.sub("", reply)
-    blocks = _PROMPT_BLOCK_RE.findall(reply)
+    echoed = _CURRENT_BLOCK_RE.findall(reply)
+    rest = _CURRENT_BLOCK_RE.sub("", reply)
+    blocks = _PROMPT_BLOCK_RE.findall(rest)
     if blocks:
         text = blocks[-1]
     else:
-        opens = list(_OPEN_TAG_RE.finditer(reply))
+        opens = list(_OPEN_TAG_RE.finditer(rest))
         if opens:
-            text = reply[opens[-1].end() :]
+            text = rest[opens[-1].end() :]
+        elif echoed:
+            text = echoed[-1]
         elif allow_bare:
             text = reply
         else:
