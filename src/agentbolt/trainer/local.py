@@ -89,6 +89,35 @@ def fresh_db_path(out_dir: Path, *, overwrite: bool) -> Path:
     return db
 
 
+def load_embedded(
+    model: str | Path,
+    *,
+    device: str,
+    max_batch_size: int,
+    batch_wait_s: float,
+    console: Console | None = None,
+    prepare: Callable[[EmbeddedBackend], None] | None = None,
+) -> tuple[EmbeddedBackend, float]:
+    """Prepare (first use converts the GGUF) and load an embedded model under a console status, call ``prepare`` on
+    it, and return the backend with the seconds all this took.
+
+    Raises:
+        ConfigError: an unknown model name.
+        BackendError: the model package is missing or the conversion failed.
+    """
+    from agentbolt.inference.embedded import EmbeddedBackend
+
+    console = console or Console()
+    t_start = time.perf_counter()
+    with console.status(f"preparing the embedded model {model} (first run converts the GGUF once)"):
+        backend = EmbeddedBackend.load(
+            resolve_model(model), device=device, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s
+        )
+        if prepare is not None:
+            prepare(backend)
+    return backend, time.perf_counter() - t_start
+
+
 @dataclass
 class LocalServing:
     """What :func:`local_serving` started.
@@ -187,7 +216,6 @@ async def local_serving(
         BackendError: every runner process exited while the block was running (:class:`RunnerWatch`): the block is
             cancelled and this is raised instead of waiting forever for rollouts.
     """
-    from agentbolt.inference.embedded import EmbeddedBackend
     from agentbolt.runner.processes import load_agent, start_runner_processes
     from agentbolt.server.app import create_app
     from agentbolt.server.gateway.swap import WeightSwapGate
@@ -195,16 +223,9 @@ async def local_serving(
     from agentbolt.store.sqlite import SqliteLightningStore
 
     load_agent(agent)
-    console = console or Console()
-    t_start = time.perf_counter()
-    with console.status("preparing the embedded model (first run converts the GGUF once)"):
-        model_dir = resolve_model(model)
-        backend = EmbeddedBackend.load(
-            model_dir, device=device, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s
-        )
-        if prepare is not None:
-            prepare(backend)
-    model_setup_s = time.perf_counter() - t_start
+    backend, model_setup_s = load_embedded(
+        model, device=device, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s, console=console, prepare=prepare
+    )
     store = SqliteLightningStore(db_path)
     try:
         gate = WeightSwapGate()
@@ -258,18 +279,13 @@ async def model_serving(
         ConfigError: an unknown model name.
         BackendError: the model package is missing or the conversion failed.
     """
-    from agentbolt.inference.embedded import EmbeddedBackend
     from agentbolt.server.app import create_app
     from agentbolt.server.serving import serve_in_background
     from agentbolt.store.memory import InMemoryLightningStore
 
-    console = console or Console()
-    t_start = time.perf_counter()
-    with console.status(f"preparing the embedded model {model} (first run converts the GGUF once)"):
-        backend = EmbeddedBackend.load(
-            resolve_model(model), device=device, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s
-        )
-    model_setup_s = time.perf_counter() - t_start
+    backend, model_setup_s = load_embedded(
+        model, device=device, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s, console=console
+    )
     store = InMemoryLightningStore()
     try:
         async with serve_in_background(create_app(store, backend)) as url:
