@@ -52,8 +52,7 @@ def test_apo_job_with_a_second_embedded_model_as_the_optimizer(
     assert summary["optimizer_embedded_model"] == str(smollm2_dir)
     assert summary["optimizer_base_url"] == "embedded"
     assert summary["timing_s"]["optimizer_model_setup"] > 0
-    # one critique and one edit, both answered by the optimizer's own server (the agent's model served no optimizer
-    # call: its requests are the rollouts' 2 LLM calls at most, 6 rollouts)
+    # one critique and one edit; the agent's model served at most the rollouts' 2 LLM calls each
     assert summary["optimizer_calls"] == 2 and summary["optimizer_cache_hits"] == 0
     n_candidates = len(summary["candidates"])
     assert summary["rollouts"]["optimization"] == 2 + 2 + 2 * (n_candidates - 1)
