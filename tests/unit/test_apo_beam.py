@@ -28,7 +28,7 @@ from agentbolt.algorithms.apo import (
     load_templates,
     optimize_apo,
 )
-from agentbolt.algorithms.apo.candidates import extract_prompt
+from agentbolt.algorithms.apo.candidates import extract_prompt, restore_dropped_fields
 from agentbolt.algorithms.apo.types import format_outcomes
 from agentbolt.errors import ConfigError
 from agentbolt.store.memory import InMemoryLightningStore
@@ -211,7 +211,7 @@ def test_repeated_call_is_a_cache_hit(tmp_path: Path) -> None:
     assert call_key("m", messages, {}) != call_key("other", messages, {})
 
 
-def test_invented_placeholders_are_escaped_and_dropped_ones_rejected() -> None:
+def test_invented_placeholders_are_escaped_dropped_ones_restored_bad_braces_rejected() -> None:
     config = APOConfig(rounds=1, branch_factor=2, worst_k=1)
     script = ScriptedOptimizer(edit_suffix=" {room}")
     result, versions = run_apo(config, OptimizerLLM(script.create, model="m"), ScriptedEvaluator())
@@ -223,7 +223,14 @@ def test_invented_placeholders_are_escaped_and_dropped_ones_rejected() -> None:
 
     dropping = ScriptedOptimizer(drop="{time}")
     result, versions = run_apo(config, OptimizerLLM(dropping.create, model="m"), ScriptedEvaluator())
-    assert result.usage.rejected_edits == 2  # an edit without the seed's {time} is refused
+    # the edit lost the seed's {time}: the seed's sentence holding it comes back as a last paragraph
+    assert result.usage.rejected_edits == 0 and len(versions) == len(result.candidates) == 3
+    edits = [c.candidate.prompts["prompt_template"] for c in result.candidates[1:]]
+    assert edits == [f"Book a room at noon. rule1 v{v}\n\nBook a room at {{time}}." for v in (1, 2)]
+
+    unbalanced = ScriptedOptimizer(edit_suffix=" {oops")
+    result, versions = run_apo(config, OptimizerLLM(unbalanced.create, model="m"), ScriptedEvaluator())
+    assert result.usage.rejected_edits == 2  # str.format cannot fill "{oops": refused, nothing published
     assert len(versions) == len(result.candidates) == 1
     assert result.best.candidate.prompts["prompt_template"] == SEED
 
@@ -328,3 +335,25 @@ def test_format_outcomes_by_hand() -> None:
 )
 def test_extract_prompt_by_hand(reply: str, allow_bare: bool, expected: str | None) -> None:
     assert extract_prompt(reply, allow_bare=allow_bare) == expected
+
+
+def test_restore_dropped_fields_brings_back_the_parents_sentences() -> None:
+    parent = "Book a room on {date} at {time}. Needed equipment: {needs}! Accessible: {accessible_required}?"
+    # every field kept: unchanged
+    assert restore_dropped_fields(parent, "At {time} on {date}: {needs}, {accessible_required}") == (
+        "At {time} on {date}: {needs}, {accessible_required}"
+    )
+    # {needs} and {accessible_required} dropped: their two sentences, in the parent's order
+    assert restore_dropped_fields(parent, "Pick a room for {date} {time}.\n") == (
+        "Pick a room for {date} {time}.\n\nNeeded equipment: {needs}! Accessible: {accessible_required}?"
+    )
+    # a sentence holding a dropped and a kept field comes back whole (the kept field then appears twice)
+    assert restore_dropped_fields(parent, "Room at {time}, needs {needs}, access {accessible_required}.") == (
+        "Room at {time}, needs {needs}, access {accessible_required}.\n\nBook a room on {date} at {time}."
+    )
+    # line breaks end sentences too
+    assert restore_dropped_fields("Date: {date}\nTime: {time}", "When: {date}") == "When: {date}\n\nTime: {time}"
+    # a field split across sentences by a format spec with a dot: named plainly
+    assert restore_dropped_fields("Cost {price:.2f} now.", "Cheap.") == "Cheap.\n\nprice: {price}"
+    assert restore_dropped_fields(parent, None) is None
+    assert restore_dropped_fields(parent, "unbalanced {") == "unbalanced {"

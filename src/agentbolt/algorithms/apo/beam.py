@@ -6,8 +6,9 @@ One round (Pryzant et al., 2023, arXiv:2305.03495, Algorithm 1, with agent-light
        lowest-reward traces, and one line per batch task (reward, answer, feedback) so patterns across the batch
        show, and ask for a critique (the textual gradient); then ask for an edited prompt answering that critique
        (``sample_index = b`` keeps the branches distinct and cacheable);
-    3. escape placeholders the edit invented (:func:`~.candidates.escape_new_fields`); publish every usable edit as a
-       new resources version (:mod:`.candidates`); score it on the validation batch;
+    3. repair the edit (:func:`~.candidates.repair_edit`: placeholders it invented are escaped, sentences of the
+       parent holding placeholders it dropped come back); publish every usable edit as a new resources version
+       (:mod:`.candidates`); score it on the validation batch;
     4. the next beam is the ``beam_width`` best of (beam + new edits) by mean validation reward; a tie goes to the
        older candidate, so the beam never gets worse on validation.
 
@@ -33,10 +34,10 @@ from .candidates import (
     EvaluationBook,
     ProgressCallback,
     ProgressEvent,
-    escape_new_fields,
     extract_prompt,
     placeholder_list,
     rejection_reason,
+    repair_edit,
 )
 from .config import APOConfig
 from .optimizer_llm import OptimizerLLM
@@ -122,7 +123,7 @@ async def optimize_apo(
         )
         children: list[Candidate] = []
         for (parent, _, _), reply in zip(jobs, replies, strict=True):
-            new_text = escape_new_fields(parent.prompts[name], extract_prompt(reply, allow_bare=True))
+            new_text = repair_edit(parent.prompts[name], extract_prompt(reply, allow_bare=True))
             if rejection_reason(parent.prompts[name], new_text, tried_texts) is not None or new_text is None:
                 usage.rejected_edits += 1
                 continue

@@ -245,6 +245,47 @@ def escape_new_fields(parent_text: str, new_text: str | None) -> str | None:
     return "".join(out)
 
 
+_SENTENCE_RE = re.compile(r"[^\n.!?]*[.!?]?")
+
+
+def restore_dropped_fields(parent_text: str, new_text: str | None) -> str | None:
+    """``new_text`` with the parent's sentences that hold placeholders ``new_text`` dropped appended as a last
+    paragraph; ``None`` stays ``None``, and text that ``str.format`` cannot parse is returned unchanged.
+
+    A placeholder carries a task's input (``{needs}``): a prompt without it cannot be right for every task, and
+    optimizer LLMs often leave some out of a rewrite. Instead of losing the rewrite, the sentence of the parent that
+    held the field (a sentence ends at ``.``, ``!``, ``?`` or a line break) comes back, in the parent's order.
+
+    Example:
+        >>> restore_dropped_fields("Meet at {time}. Bring {needs}.", "Be on time: {time}.")
+        'Be on time: {time}.\n\nBring {needs}.'
+    """
+    if new_text is None:
+        return None
+    kept = template_fields(new_text)
+    if kept is None:
+        return new_text
+    dropped = (template_fields(parent_text) or frozenset()) - kept
+    if not dropped:
+        return new_text
+    sentences: list[str] = []
+    for match in _SENTENCE_RE.finditer(parent_text):
+        sentence = match.group(0).strip()
+        fields = template_fields(sentence) if sentence else None
+        if fields and fields & dropped:
+            sentences.append(sentence)
+            dropped = dropped - fields
+    if dropped:  # a field the sentence split could not place (braces across sentences): name it plainly
+        sentences.extend(f"{name}: {{{name}}}" for name in sorted(dropped))
+    return new_text.rstrip() + "\n\n" + " ".join(sentences)
+
+
+def repair_edit(parent_text: str, new_text: str | None) -> str | None:
+    """An edit made usable where possible: invented placeholders escaped (:func:`escape_new_fields`), then dropped
+    ones restored (:func:`restore_dropped_fields`). What is still unusable is left to :func:`rejection_reason`."""
+    return restore_dropped_fields(parent_text, escape_new_fields(parent_text, new_text))
+
+
 def rejection_reason(parent_text: str, new_text: str | None, seen_texts: Iterable[str]) -> str | None:
     """Why a proposed prompt is unusable, or ``None`` when it is usable.
 

@@ -36,10 +36,10 @@ from .candidates import (
     EvaluationBook,
     ProgressCallback,
     ProgressEvent,
-    escape_new_fields,
     extract_prompt,
     placeholder_list,
     rejection_reason,
+    repair_edit,
 )
 from .config import GEPAConfig
 from .optimizer_llm import OptimizerLLM
@@ -189,7 +189,7 @@ class _State:
             "reflect", prompt_name=name, prompt=current, traces=traces, placeholders=placeholder_list(current)
         )
         reply = await self.optimizer.complete(request, sample_index=iteration)
-        new_text = escape_new_fields(current, extract_prompt(reply, allow_bare=False))
+        new_text = repair_edit(current, extract_prompt(reply, allow_bare=False))
         reason = rejection_reason(current, new_text, self.tried[name])
         if reason is not None or new_text is None:
             self.usage.rejected_edits += 1
