@@ -104,6 +104,10 @@ def completion(text: str) -> ChatCompletion:
 
 async def scripted_reflection(*, model: str, messages: list[dict[str, str]], **params: object) -> ChatCompletion:
     request = messages[0]["content"]
+    if "<critique>" in request:  # the edit request made when a reflection gave no prompt: the text pasted back
+        current = re.search(r"<current_prompt>\n(.*?)\n</current_prompt>", request, re.DOTALL)
+        assert current is not None
+        return completion(f"<prompt>{current.group(1)}</prompt>")
     name_match = re.search(r'Its name is "(\w+)"', request)
     prompt_match = re.search(r"<current_prompt>\n(.*?)\n</current_prompt>", request, re.DOTALL)
     assert name_match and prompt_match
@@ -203,3 +207,48 @@ def test_gepa_stops_at_the_rollout_budget() -> None:
     result = asyncio.run(main())
     # Seed val 4; no iteration starts at >= 10, and one iteration uses at most 2 + 2 + 4 rollouts.
     assert 10 <= result.usage.rollouts <= 10 + 8
+
+
+def test_a_reflection_without_a_usable_prompt_is_rewritten_with_the_edit_template() -> None:
+    from agentbolt.store.memory import InMemoryLightningStore
+
+    requests: list[str] = []
+
+    async def echoing(*, model: str, messages: list[dict[str, str]], **params: object) -> ChatCompletion:
+        # The reflection states the rule but pastes the current text back; the edit request gets the new text.
+        request = messages[0]["content"]
+        requests.append(request)
+        prompt = re.search(r"<current_prompt>\n(.*?)\n</current_prompt>", request, re.DOTALL)
+        assert prompt is not None
+        if "<critique>" not in request:
+            return completion(f"Add rule1.\n<current_prompt>\n{prompt.group(1)}\n</current_prompt>")
+        assert "<critique>\nAdd rule1." in request  # the reflection's whole reply is the critique
+        return completion(f"<prompt>{prompt.group(1)} rule1</prompt>")
+
+    async def main():
+        store = InMemoryLightningStore()
+        try:
+            return await optimize_gepa(
+                GEPAConfig(max_iterations=1, minibatch_size=4, use_merge=False, seed=0),
+                seed_prompts={"plan": "Plan {time}."},
+                train_tasks=TASKS,
+                val_tasks=TASKS,
+                store=store,
+                evaluator=one_prompt_evaluator,
+                optimizer=OptimizerLLM(echoing, model="scripted"),
+            )
+        finally:
+            await store.close()
+
+    result = asyncio.run(main())
+    assert len(requests) == 2 and 'Its name is "plan"' in requests[0] and "<critique>" in requests[1]
+    assert result.usage.optimizer_calls == 2 and result.usage.rejected_edits == 0
+    assert [c.candidate.prompts["plan"] for c in result.candidates] == ["Plan {time}.", "Plan {time}. rule1"]
+    assert result.candidates[1].accepted and result.best.candidate.prompts["plan"] == "Plan {time}. rule1"
+
+
+async def one_prompt_evaluator(
+    candidate: Candidate, tasks: Sequence[Mapping[str, object]], *, mode: RolloutMode
+) -> list[TaskResult]:
+    """The scripted world with every task asking for prompt ``plan``."""
+    return await scripted_evaluator(candidate, [{**task, "prompt": "plan"} for task in tasks], mode=mode)

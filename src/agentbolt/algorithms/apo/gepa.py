@@ -10,8 +10,9 @@ Loop (Agrawal et al., 2025, arXiv:2507.19457, Algorithm 1):
        b. otherwise *reflective mutation*: draw a parent from the Pareto front weighted by the tasks it wins
           (:func:`.pareto.select_for_mutation`), pick its next prompt name (round-robin per candidate), run it on a
           training minibatch, show the optimizer the traces with their feedback and ask for a new text of that one
-          prompt; the child is published, run on the same minibatch, and accepted only if its sum of rewards there
-          beats the parent's; an accepted child is scored on every validation task.
+          prompt (when the reply holds no usable text, a second call gives its reasoning to the ``edit``
+          template, as APO does with a critique); the child is published, run on the same minibatch, and accepted
+          only if its sum of rewards there beats the parent's; an accepted child is scored on every validation task.
     2. the pool used for selection and merging is the Pareto front of the accepted candidates
        (:func:`.pareto.pareto_front`); the answer is the accepted candidate with the best mean validation reward.
 
@@ -191,6 +192,20 @@ class _State:
         reply = await self.optimizer.complete(request, sample_index=iteration)
         new_text = repair_edit(current, extract_prompt(reply, allow_bare=False))
         reason = rejection_reason(current, new_text, self.tried[name])
+        if reason is not None:
+            # The reflection's reasoning stays useful when its new text is not (often the current text pasted back):
+            # one more call turns it into a prompt with the edit template, as APO's critique is turned.
+            rewrite = self.templates.render(
+                "edit",
+                prompt=current,
+                critique=reply.strip(),
+                placeholders=placeholder_list(current),
+                variant="1",
+                variants="1",
+            )
+            reply = await self.optimizer.complete(rewrite, sample_index=iteration)
+            new_text = repair_edit(current, extract_prompt(reply, allow_bare=True))
+            reason = rejection_reason(current, new_text, self.tried[name])
         if reason is not None or new_text is None:
             self.usage.rejected_edits += 1
             return False, f"reflection on {parent.candidate_id}.{name} gave no usable prompt ({reason})"
