@@ -759,10 +759,12 @@ def markdown_table(summaries: Mapping[str, Mapping[str, Any]], *, title: str | N
 
 
 def table_title(summaries: Mapping[str, Mapping[str, Any]]) -> str:
-    """A line naming the model(s) and budget(s) of the summaries."""
+    """A line naming the agent model(s), optimizer model(s) and budget(s) of the summaries."""
     models = sorted({str(s.get("model")) for s in summaries.values()})
+    optimizers = sorted({str(s.get("optimizer_model")) for s in summaries.values()} - {"None"})
     budgets = sorted({str((s.get("benchmark") or {}).get("budget")) for s in summaries.values()} - {"None"})
     text = f"Prompt optimization, room agent: model {', '.join(models) or '-'}"
+    text += f", optimizer {', '.join(optimizers)}" if optimizers else ""
     return text + (f", rollout budget {', '.join(budgets)}" if budgets else "")
 
 

@@ -124,6 +124,10 @@ def test_table_from_hand_made_summaries(bench: ModuleType, tmp_path: Path) -> No
     table = bench.markdown_table(summaries, title=bench.table_title(summaries))
     lines = table.splitlines()
     assert lines[0] == "Prompt optimization, room agent: model smollm2-135m, rollout budget 12"
+    with_optimizer = {arm: {**summary, "optimizer_model": "qwen2.5-coder-1.5b"} for arm, summary in summaries.items()}
+    assert bench.table_title(with_optimizer) == (
+        "Prompt optimization, room agent: model smollm2-135m, optimizer qwen2.5-coder-1.5b, rollout budget 12"
+    )
     header = [cell.strip() for cell in lines[2].strip("|").split("|")]
     assert header == list(bench.TABLE_COLUMNS)
     assert set(lines[3]) <= {"|", "-"}
