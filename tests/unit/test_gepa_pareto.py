@@ -187,31 +187,17 @@ def test_gepa_run_over_two_named_prompts(tmp_path: Path) -> None:
 
 
 def test_gepa_stops_at_the_rollout_budget() -> None:
-    from agentbolt.store.memory import InMemoryLightningStore
-
-    async def main():
-        store = InMemoryLightningStore()
-        try:
-            return await optimize_gepa(
-                GEPAConfig(max_iterations=50, max_rollouts=10, minibatch_size=2),
-                seed_prompts={"plan": "Plan.", "answer": "Answer."},
-                train_tasks=TASKS,
-                val_tasks=TASKS,
-                store=store,
-                evaluator=scripted_evaluator,
-                optimizer=OptimizerLLM(scripted_reflection, model="scripted"),
-            )
-        finally:
-            await store.close()
-
-    result = asyncio.run(main())
+    result = run_in_memory(
+        GEPAConfig(max_iterations=50, max_rollouts=10, minibatch_size=2),
+        {"plan": "Plan.", "answer": "Answer."},
+        scripted_evaluator,
+        OptimizerLLM(scripted_reflection, model="scripted"),
+    )
     # Seed val 4; no iteration starts at >= 10, and one iteration uses at most 2 + 2 + 4 rollouts.
     assert 10 <= result.usage.rollouts <= 10 + 8
 
 
 def test_a_reflection_without_a_usable_prompt_is_rewritten_with_the_edit_template() -> None:
-    from agentbolt.store.memory import InMemoryLightningStore
-
     requests: list[str] = []
 
     async def echoing(*, model: str, messages: list[dict[str, str]], **params: object) -> ChatCompletion:
@@ -225,22 +211,12 @@ def test_a_reflection_without_a_usable_prompt_is_rewritten_with_the_edit_templat
         assert "<critique>\nAdd rule1." in request  # the reflection's whole reply is the critique
         return completion(f"<prompt>{prompt.group(1)} rule1</prompt>")
 
-    async def main():
-        store = InMemoryLightningStore()
-        try:
-            return await optimize_gepa(
-                GEPAConfig(max_iterations=1, minibatch_size=4, use_merge=False, seed=0),
-                seed_prompts={"plan": "Plan {time}."},
-                train_tasks=TASKS,
-                val_tasks=TASKS,
-                store=store,
-                evaluator=one_prompt_evaluator,
-                optimizer=OptimizerLLM(echoing, model="scripted"),
-            )
-        finally:
-            await store.close()
-
-    result = asyncio.run(main())
+    result = run_in_memory(
+        GEPAConfig(max_iterations=1, minibatch_size=4, use_merge=False, seed=0),
+        {"plan": "Plan {time}."},
+        one_prompt_evaluator,
+        OptimizerLLM(echoing, model="scripted"),
+    )
     assert len(requests) == 2 and 'Its name is "plan"' in requests[0] and "<critique>" in requests[1]
     assert result.usage.optimizer_calls == 2 and result.usage.rejected_edits == 0
     assert [c.candidate.prompts["plan"] for c in result.candidates] == ["Plan {time}.", "Plan {time}. rule1"]
@@ -252,3 +228,25 @@ async def one_prompt_evaluator(
 ) -> list[TaskResult]:
     """The scripted world with every task asking for prompt ``plan``."""
     return await scripted_evaluator(candidate, [{**task, "prompt": "plan"} for task in tasks], mode=mode)
+
+
+def run_in_memory(config: GEPAConfig, seed_prompts: dict[str, str], evaluator, optimizer: OptimizerLLM):
+    """``optimize_gepa`` over ``TASKS`` (train and validation) with a real in-memory store."""
+    from agentbolt.store.memory import InMemoryLightningStore
+
+    async def main():
+        store = InMemoryLightningStore()
+        try:
+            return await optimize_gepa(
+                config,
+                seed_prompts=seed_prompts,
+                train_tasks=TASKS,
+                val_tasks=TASKS,
+                store=store,
+                evaluator=evaluator,
+                optimizer=optimizer,
+            )
+        finally:
+            await store.close()
+
+    return asyncio.run(main())
