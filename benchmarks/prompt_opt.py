@@ -10,9 +10,10 @@ Arms (each runs in turn, each starts its own embedded model, SQLite store, serve
   rollout budget of its own: its spend is set by ``apo.rounds`` / ``beam_width`` / ``branch_factor`` /
   ``train_batch_size`` and the validation size. ``--fit-apo-rounds`` sets ``apo.rounds`` to the most rounds whose
   worst-case spend (:func:`apo_rollout_bound`) stays within ``--budget``.
-* ``agentbolt-gepa``: the same job with ``algorithm: gepa``, ``gepa.max_rollouts = BUDGET`` and
-  ``gepa.max_iterations = BUDGET`` (so the rollout budget, not the iteration cap, ends the search; a ``--set``
-  overrides either).
+* ``agentbolt-gepa``: the same job with ``algorithm: gepa`` and ``gepa.max_rollouts = BUDGET`` (a ``--set``
+  overrides it). ``gepa.max_iterations`` stays the config's (24 in the room config): a reflection that gives no
+  usable prompt spends optimizer time but no rollout, so on a slow CPU optimizer the budget alone can leave the arm
+  running for hours; the arm then ends below the budget and its row says how many rollouts it used.
 * ``gepa-pypi``: ``gepa.optimize`` (the PyPI package, ``pip install gepa==0.1.4``) with ``max_metric_calls =
   BUDGET``, seed candidate = the seed prompts (``{"prompt_template": BASELINE_PROMPT}``), trainset / valset = the
   same train / validation tasks, and :class:`StoreGEPAAdapter`: every candidate gepa evaluates is published as a
@@ -126,13 +127,12 @@ def arm_overrides(
     """The ``key=value`` overrides of one arm's config, applied in order (a later one wins).
 
     Order: the benchmark's defaults (a per-arm optimizer cache in ``out_dir/optimizer_cache`` so no arm replays
-    another run's optimizer replies; for ``agentbolt-gepa`` the budget as ``gepa.max_rollouts`` and
-    ``gepa.max_iterations``), then the user's ``--set`` overrides, then what defines the arm (``algorithm``,
-    ``model``, ``out_dir``, ``overwrite``).
+    another run's optimizer replies; for ``agentbolt-gepa`` the budget as ``gepa.max_rollouts``), then the user's
+    ``--set`` overrides, then what defines the arm (``algorithm``, ``model``, ``out_dir``, ``overwrite``).
     """
     defaults = [f"optimizer.cache_dir={out_dir / 'optimizer_cache'}"]
     if arm == "agentbolt-gepa":
-        defaults += [f"gepa.max_rollouts={budget}", f"gepa.max_iterations={budget}"]
+        defaults.append(f"gepa.max_rollouts={budget}")
     algorithm = "apo" if arm == "agentbolt-apo" else "gepa"
     fixed = [f"algorithm={algorithm}", f"model={model}", f"out_dir={out_dir}", f"overwrite={str(overwrite).lower()}"]
     return [*defaults, *user, *fixed]

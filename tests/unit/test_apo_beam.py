@@ -29,7 +29,7 @@ from agentbolt.algorithms.apo import (
     optimize_apo,
 )
 from agentbolt.algorithms.apo.candidates import extract_prompt, restore_dropped_fields
-from agentbolt.algorithms.apo.types import format_outcomes
+from agentbolt.algorithms.apo.types import format_outcomes, format_trace
 from agentbolt.errors import ConfigError
 from agentbolt.store.memory import InMemoryLightningStore
 from agentbolt.types import LLM, PromptTemplate, RolloutMode
@@ -313,6 +313,30 @@ def test_format_outcomes_by_hand() -> None:
     ]
     with pytest.raises(ValueError, match="3 tasks but 2 results"):
         format_outcomes([{"task_id": "a"}, {"task_id": "b"}, {"task_id": "c"}], results[:2])
+
+
+def test_format_trace_cuts_the_messages_and_keeps_the_answer_and_feedback() -> None:
+    trace = Trace(
+        messages=({"role": "user", "content": "Book {x}."}, {"role": "tool", "content": "y" * 100}),
+        answer="Atlas",
+        feedback="Wrong: the expected choice was No Room, the agent answered Atlas.",
+    )
+    head = "### Task s01 (reward 0.00)\nInput: {\"n\": 1}"
+    tail = "Parsed answer: Atlas\nFeedback: Wrong: the expected choice was No Room, the agent answered Atlas."
+    body = "[user] Book {x}.\n[tool] " + "y" * 100
+    task = {"task_id": "s01", "n": 1}
+    result = TaskResult("s01", 0.0, trace)
+    assert format_trace(task, result, max_chars=1000) == "\n".join([head, body, tail])
+    # 200 characters: the frame is 42 (heading, input) + 96 (answer, feedback) + the 2 line breaks around the
+    # messages = 140, so the messages get 60
+    assert len(head) + len(tail) + 2 == 140
+    assert format_trace(task, result, max_chars=200) == "\n".join([head, body[:57] + "...", tail])
+    assert len(format_trace(task, result, max_chars=200)) == 200
+    # a limit the frame cannot fit in cuts the whole text, as before
+    cut = format_trace(task, result, max_chars=100)
+    assert cut == ("\n".join([head, body, tail]))[:97] + "..."
+    no_trace = format_trace(task, TaskResult("s01", 0.0, None), max_chars=30)
+    assert no_trace == (head + "\n(no trace recorded)")[:27] + "..."
 
 
 @pytest.mark.parametrize(

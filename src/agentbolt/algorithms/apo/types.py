@@ -170,21 +170,24 @@ def format_trace(task: TaskInput, result: TaskResult, *, max_chars: int = 3000, 
     Layout: a heading with the task id and reward, the task input as JSON, the messages one per line
     (``[role] content``, tool calls as ``name(arguments)``), the parsed answer and the feedback. Each message is cut
     to ``max_message_chars`` and the whole to ``max_chars`` (cut text ends with ``...``), so a long conversation
-    cannot crowd the other traces out of the optimizer's context.
+    cannot crowd the other traces out of the optimizer's context. The cut falls on the messages: the heading, the
+    input, the parsed answer and the feedback are kept whole as long as they fit in ``max_chars`` on their own (the
+    feedback is what tells the optimizer what was expected).
     """
-    lines = [f"### Task {result.task_id} (reward {result.reward:.2f})"]
+    head = [f"### Task {result.task_id} (reward {result.reward:.2f})"]
     shown_input = {key: value for key, value in task.items() if key != "task_id"}
-    lines.append("Input: " + json.dumps(shown_input, ensure_ascii=False, default=str))
+    head.append("Input: " + json.dumps(shown_input, ensure_ascii=False, default=str))
     trace = result.trace
     if trace is None:
-        lines.append("(no trace recorded)")
-    else:
-        for message in trace.messages:
-            lines.append(_clip(_render_message(message), max_message_chars))
-        lines.append(f"Parsed answer: {trace.answer if trace.answer is not None else '(none)'}")
-        if trace.feedback:
-            lines.append(f"Feedback: {trace.feedback}")
-    return _clip("\n".join(lines), max_chars)
+        return _clip("\n".join([*head, "(no trace recorded)"]), max_chars)
+    body = "\n".join(_clip(_render_message(message), max_message_chars) for message in trace.messages)
+    tail = [f"Parsed answer: {trace.answer if trace.answer is not None else '(none)'}"]
+    if trace.feedback:
+        tail.append(f"Feedback: {trace.feedback}")
+    frame = len("\n".join([*head, *tail])) + 1  # the messages add one more line break
+    if not body or frame + 3 > max_chars:  # no messages, or no room for even a cut one: cut the whole
+        return _clip("\n".join([*head, body, *tail] if body else [*head, *tail]), max_chars)
+    return "\n".join([*head, _clip(body, max_chars - frame), *tail])
 
 
 def format_outcomes(tasks: Sequence[TaskInput], results: Sequence[TaskResult], *, max_feedback_chars: int = 200) -> str:
