@@ -19,9 +19,13 @@ from agentbolt.types import PromptTemplate, Resource, RolloutMode
 
 from .types import Candidate, Evaluator, TaskInput, TaskResult, Usage, task_id_of
 
-_PROMPT_BLOCK_RE = re.compile(r"<(?:new_)?prompt>(.*?)</(?:new_)?prompt>", re.DOTALL | re.IGNORECASE)
+_NO_TAG = r"((?:(?!</?(?:current_|new_)?prompt>).)*)"  # text holding none of the prompt tags
+_PROMPT_BLOCK_RE = re.compile(r"<(?:new_)?prompt>" + _NO_TAG + r"</(?:new_)?prompt>", re.DOTALL | re.IGNORECASE)
 _OPEN_TAG_RE = re.compile(r"<(?:new_)?prompt>", re.IGNORECASE)
 _CURRENT_BLOCK_RE = re.compile(r"<current_prompt>(.*?)</current_prompt>", re.DOTALL | re.IGNORECASE)
+_MIXED_BLOCK_RE = re.compile(
+    r"<(?:current_|new_)?prompt>" + _NO_TAG + r"</(?:current_|new_)?prompt>", re.DOTALL | re.IGNORECASE
+)
 _FENCE_RE = re.compile(r"^```[A-Za-z]*\n(.*?)\n?```$", re.DOTALL)
 
 
@@ -154,11 +158,13 @@ def extract_prompt(reply: str, *, allow_bare: bool) -> str | None:
     """The prompt text in an optimizer reply, stripped; ``None`` when there is none.
 
     Rule, first that applies: the last complete ``<prompt>...</prompt>`` block (``<new_prompt>`` is accepted as
-    well: small models rename the tag); the text after the last unclosed ``<prompt>`` (a reply cut by
-    ``max_tokens``); the last ``<current_prompt>...</current_prompt>`` block (small models put their new text in the
-    tag they were shown; an unchanged echo is then refused by :func:`rejection_reason`); with ``allow_bare`` (the edit
-    template asks for the prompt only), the whole reply without a surrounding Markdown code fence. Text inside
-    ``<current_prompt>`` blocks is never searched for the other tags. An empty result is ``None``.
+    well: small models rename the tag); the last block whose tags do not match (``<current_prompt>...</prompt>``:
+    the model opened with the tag it was shown and closed with the one asked for); the text after the last
+    unclosed ``<prompt>`` (a reply cut by ``max_tokens``); the last ``<current_prompt>...</current_prompt>`` block
+    (small models put their new text in the tag they were shown; an unchanged echo is then refused by
+    :func:`rejection_reason`); with ``allow_bare`` (the edit template asks for the prompt only), the whole reply
+    without a surrounding Markdown code fence. Text inside ``<current_prompt>`` blocks is never searched for the
+    other tags, and a block never spans another prompt tag. An empty result is ``None``.
 
     Example:
         >>> extract_prompt("<current_prompt>old</current_prompt> <new_prompt>new</new_prompt>", allow_bare=False)
@@ -166,7 +172,7 @@ def extract_prompt(reply: str, *, allow_bare: bool) -> str | None:
     """
     echoed = _CURRENT_BLOCK_RE.findall(reply)
     rest = _CURRENT_BLOCK_RE.sub("", reply)
-    blocks = _PROMPT_BLOCK_RE.findall(rest)
+    blocks = _PROMPT_BLOCK_RE.findall(rest) or _MIXED_BLOCK_RE.findall(rest)
     if blocks:
         text = blocks[-1]
     else:
