@@ -9,6 +9,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,3 +46,46 @@ def test_a_killed_runner_pool_cancels_the_job_with_backend_error(
         asyncio.run(job())
     assert waited and waited[0] < 10
     assert (tmp_path / "store.db").exists()
+
+
+def test_a_second_model_loads_while_the_event_loop_keeps_answering(
+    smollm2_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """model_serving loads in a worker thread: a job's server on the same loop answers its runners meanwhile (a first
+    use of the 1.5B optimizer converts its GGUF for over a minute; a blocked loop made the runners time out)."""
+    import agentbolt.trainer.local as local
+
+    window: list[float] = []
+    real_load = local.load_embedded
+
+    def timed_load(*args: Any, **kwargs: Any) -> Any:  # the real loader, with its start and end recorded
+        window.append(time.monotonic())
+        try:
+            return real_load(*args, **kwargs)
+        finally:
+            window.append(time.monotonic())
+
+    monkeypatch.setattr(local, "load_embedded", timed_load)
+
+    async def job() -> list[float]:
+        beats: list[float] = []
+        stop = asyncio.Event()
+
+        async def ticker() -> None:
+            while not stop.is_set():
+                beats.append(time.monotonic())
+                await asyncio.sleep(0.005)
+
+        ticking = asyncio.create_task(ticker())
+        async with local.model_serving(model=smollm2_dir) as served:
+            assert served.url.startswith("http://127.0.0.1:")
+        stop.set()
+        await ticking
+        return beats
+
+    beats = asyncio.run(job())
+    start, end = window
+    during = [beat for beat in beats if start < beat < end]
+    # A load run on the loop itself leaves no beat inside its window; in a thread the loop beats all along.
+    assert end - start > 0.1
+    assert len(during) >= 5, f"the event loop beat {len(during)} times during a {end - start:.2f} s load"

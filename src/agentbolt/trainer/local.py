@@ -275,6 +275,10 @@ async def model_serving(
     kept); yield it; stop it. Used for a second model in one job, e.g. a larger prompt optimizer next to the agent's
     model.
 
+    The model is loaded in a worker thread: a first use converts its GGUF (a minute or more), and a server already
+    running on this event loop (the job's, with runner processes polling it) must keep answering meanwhile, or the
+    runners' requests time out and they exit.
+
     Raises:
         ConfigError: an unknown model name.
         BackendError: the model package is missing or the conversion failed.
@@ -283,8 +287,8 @@ async def model_serving(
     from agentbolt.server.serving import serve_in_background
     from agentbolt.store.memory import InMemoryLightningStore
 
-    backend, model_setup_s = load_embedded(
-        model, device=device, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s, console=console
+    backend, model_setup_s = await asyncio.to_thread(
+        load_embedded, model, device=device, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s, console=console
     )
     store = InMemoryLightningStore()
     try:
