@@ -321,7 +321,7 @@ def test_format_trace_cuts_the_messages_and_keeps_the_answer_and_feedback() -> N
         answer="Atlas",
         feedback="Wrong: the expected choice was No Room, the agent answered Atlas.",
     )
-    head = "### Task s01 (reward 0.00)\nInput: {\"n\": 1}"
+    head = '### Task s01 (reward 0.00)\nInput: {"n": 1}'
     tail = "Parsed answer: Atlas\nFeedback: Wrong: the expected choice was No Room, the agent answered Atlas."
     body = "[user] Book {x}.\n[tool] " + "y" * 100
     task = {"task_id": "s01", "n": 1}
@@ -362,6 +362,23 @@ def test_format_trace_cuts_the_messages_and_keeps_the_answer_and_feedback() -> N
 )
 def test_extract_prompt_by_hand(reply: str, allow_bare: bool, expected: str | None) -> None:
     assert extract_prompt(reply, allow_bare=allow_bare) == expected
+
+
+def test_extract_prompt_drops_the_request_wording_pasted_back() -> None:
+    # Qwen2.5-Coder-1.5B (GEPA run, 2026-12-01) echoed the end of the edit request, then began its prompt
+    ask = "Reply with the new prompt only, between <prompt> and </prompt>."
+    request = "<current_prompt>\nBook {date}.\n</current_prompt>\n" + ask
+    reply = (
+        "</critique>\nReply with the new prompt only, between <prompt> and </prompt>.\n<prompt>\nBook {date}. Rules:"
+    )
+    assert extract_prompt(reply, allow_bare=True) == "and"  # without the request the echo wins
+    assert extract_prompt(reply, allow_bare=True, request=request) == "Book {date}. Rules:"
+    # only the echo goes: a block with other text stays, and so does one equal to the current prompt
+    assert extract_prompt("between <prompt>Book {date} now.</prompt>", allow_bare=False, request=request) == (
+        "Book {date} now."
+    )
+    assert extract_prompt("<prompt>Book {date}.</prompt>", allow_bare=False, request=request) == "Book {date}."
+    assert extract_prompt("only <prompt> and </prompt>", allow_bare=False, request=request) is None
 
 
 def test_restore_dropped_fields_brings_back_the_parents_sentences() -> None:

@@ -122,8 +122,8 @@ async def optimize_apo(
             )
         )
         children: list[Candidate] = []
-        for (parent, _, _), reply in zip(jobs, replies, strict=True):
-            new_text = repair_edit(parent.prompts[name], extract_prompt(reply, allow_bare=True))
+        for (parent, _, _), (request, reply) in zip(jobs, replies, strict=True):
+            new_text = repair_edit(parent.prompts[name], extract_prompt(reply, allow_bare=True, request=request))
             if rejection_reason(parent.prompts[name], new_text, tried_texts) is not None or new_text is None:
                 usage.rejected_edits += 1
                 continue
@@ -171,8 +171,8 @@ async def _critique_and_edit(
     batch: Sequence[TaskInput],
     results: Sequence[TaskResult],
     branch: int,
-) -> str:
-    """The edit reply of one branch: critique of the parent's worst traces, then an edit answering it."""
+) -> tuple[str, str]:
+    """The edit request and reply of one branch: critique of the parent's worst traces, then an edit answering it."""
     pairs = sorted(zip(batch, results, strict=True), key=lambda pair: pair[1].reward)[: config.worst_k]
     traces = "\n\n".join(format_trace(task, result, max_chars=config.max_trace_chars) for task, result in pairs)
     prompt = parent.prompts[name]
@@ -188,7 +188,7 @@ async def _critique_and_edit(
         variant=str(branch + 1),
         variants=str(config.branch_factor),
     )
-    return await optimizer.complete(edit_request, sample_index=branch)
+    return edit_request, await optimizer.complete(edit_request, sample_index=branch)
 
 
 def _prompt_name(config: APOConfig, seed_prompts: Mapping[str, str]) -> str:

@@ -154,8 +154,12 @@ class EvaluationBook:
         return (candidate.candidate_id, str(mode), task_id)
 
 
-def extract_prompt(reply: str, *, allow_bare: bool) -> str | None:
+def extract_prompt(reply: str, *, allow_bare: bool, request: str | None = None) -> str | None:
     """The prompt text in an optimizer reply, stripped; ``None`` when there is none.
+
+    ``request`` is the text the optimizer was sent: a block of the reply that is also a block of the request, outside
+    its ``<current_prompt>`` (the template's own wording, "between <prompt> and </prompt>", pasted back: measured with
+    Qwen2.5-Coder-1.5B), is dropped before the rule below is applied.
 
     Rule, first that applies: the last complete ``<prompt>...</prompt>`` block (``<new_prompt>`` is accepted as
     well: small models rename the tag); the last block whose tags do not match (``<current_prompt>...</prompt>``:
@@ -172,6 +176,9 @@ def extract_prompt(reply: str, *, allow_bare: bool) -> str | None:
     """
     echoed = _CURRENT_BLOCK_RE.findall(reply)
     rest = _CURRENT_BLOCK_RE.sub("", reply)
+    if request is not None:
+        asked = {block.strip() for block in _MIXED_BLOCK_RE.findall(_CURRENT_BLOCK_RE.sub("", request))}
+        rest = _MIXED_BLOCK_RE.sub(lambda match: "" if match.group(1).strip() in asked else match.group(0), rest)
     blocks = _PROMPT_BLOCK_RE.findall(rest) or _MIXED_BLOCK_RE.findall(rest)
     if blocks:
         text = blocks[-1]

@@ -190,7 +190,7 @@ class _State:
             "reflect", prompt_name=name, prompt=current, traces=traces, placeholders=placeholder_list(current)
         )
         reply = await self.optimizer.complete(request, sample_index=iteration)
-        new_text = repair_edit(current, extract_prompt(reply, allow_bare=False))
+        new_text = repair_edit(current, extract_prompt(reply, allow_bare=False, request=request))
         reason = rejection_reason(current, new_text, self.tried[name])
         if reason is not None:
             # The reflection's reasoning stays useful when its new text is not (often the current text pasted back):
@@ -204,7 +204,7 @@ class _State:
                 variants="1",
             )
             reply = await self.optimizer.complete(rewrite, sample_index=iteration)
-            new_text = repair_edit(current, extract_prompt(reply, allow_bare=True))
+            new_text = repair_edit(current, extract_prompt(reply, allow_bare=True, request=rewrite))
             reason = rejection_reason(current, new_text, self.tried[name])
         if reason is not None or new_text is None:
             self.usage.rejected_edits += 1
