@@ -223,6 +223,31 @@ def test_a_reflection_without_a_usable_prompt_is_rewritten_with_the_edit_templat
     assert result.candidates[1].accepted and result.best.candidate.prompts["plan"] == "Plan {time}. rule1"
 
 
+def test_reflection_traces_shows_the_worst_traces_and_one_line_per_task() -> None:
+    requests: list[str] = []
+
+    async def recording(*, model: str, messages: list[dict[str, str]], **params: object) -> ChatCompletion:
+        requests.append(messages[0]["content"])
+        return await scripted_reflection(model=model, messages=messages, **params)
+
+    async def t2_passes(
+        candidate: Candidate, tasks: Sequence[Mapping[str, object]], *, mode: RolloutMode
+    ) -> list[TaskResult]:
+        results = await one_prompt_evaluator(candidate, tasks, mode=mode)
+        return [TaskResult(r.task_id, 1.0, r.trace) if r.task_id == "t2" else r for r in results]
+
+    run_in_memory(
+        GEPAConfig(max_iterations=1, minibatch_size=4, reflection_traces=2, use_merge=False, seed=0),
+        {"plan": "Plan {time}."},
+        t2_passes,
+        OptimizerLLM(recording, model="scripted"),
+    )
+    # The minibatch is all 4 tasks; t2 scores 1, the rest 0: the two worst in minibatch order are t0 and t1.
+    assert re.findall(r"### Task (t\d)", requests[0]) == ["t0", "t1"]
+    assert "- t2: reward 1.00; answer: x; needs plan:rule3" in requests[0]
+    assert "- t3: reward 0.00; answer: x; needs plan:rule4" in requests[0]
+
+
 async def one_prompt_evaluator(
     candidate: Candidate, tasks: Sequence[Mapping[str, object]], *, mode: RolloutMode
 ) -> list[TaskResult]:

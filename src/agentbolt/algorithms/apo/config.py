@@ -53,6 +53,10 @@ class GEPAConfig(BaseModel):
             validation run counts.
         minibatch_size: training tasks per reflective mutation; the child must beat its parent's sum of rewards on
             this minibatch before it is scored on the whole validation set.
+        reflection_traces: full traces shown per reflection, the parent's lowest-reward ones on the minibatch (a
+            tie keeps minibatch order); every task still gets a one-line outcome (``{outcomes}``). ``None`` = all,
+            as in the paper. A small optimizer needs few: Qwen2.5-Coder-1.5B shown 8 traces of the room agent pasted
+            them back instead of writing a prompt (measured).
         perfect_score: a minibatch on which the parent already scores this on every task is skipped (nothing to
             learn from it, GEPA's ``skip_perfect_score``).
         prompt_names: the prompts to mutate, in round-robin order per candidate; ``None`` = all of the seed's.
@@ -70,6 +74,7 @@ class GEPAConfig(BaseModel):
     max_iterations: int = Field(default=20, ge=1)
     max_rollouts: int | None = Field(default=None, ge=1)
     minibatch_size: int = Field(default=4, ge=1)
+    reflection_traces: int | None = Field(default=None, ge=1)
     perfect_score: float = 1.0
     prompt_names: list[str] | None = None
     use_merge: bool = True

@@ -9,10 +9,11 @@ Loop (Agrawal et al., 2025, arXiv:2507.19457, Algorithm 1):
           up, score it on the rest and add it to the pool; an attempted merge ends the iteration;
        b. otherwise *reflective mutation*: draw a parent from the Pareto front weighted by the tasks it wins
           (:func:`.pareto.select_for_mutation`), pick its next prompt name (round-robin per candidate), run it on a
-          training minibatch, show the optimizer the traces with their feedback and ask for a new text of that one
-          prompt (when the reply holds no usable text, a second call gives its reasoning to the ``edit``
-          template, as APO does with a critique); the child is published, run on the same minibatch, and accepted
-          only if its sum of rewards there beats the parent's; an accepted child is scored on every validation task.
+          training minibatch, show the optimizer the traces with their feedback (the ``reflection_traces`` worst
+          ones when set, and one line per task) and ask for a new text of that one prompt (when the reply holds no
+          usable text, a second call gives its reasoning to the ``edit`` template, as APO does with a critique);
+          the child is published, run on the same minibatch, and accepted only if its sum of rewards there beats
+          the parent's; an accepted child is scored on every validation task.
     2. the pool used for selection and merging is the Pareto front of the accepted candidates
        (:func:`.pareto.pareto_front`); the answer is the accepted candidate with the best mean validation reward.
 
@@ -46,7 +47,17 @@ from .config import GEPAConfig
 from .optimizer_llm import OptimizerLLM
 from .pareto import ancestors, merge_prompts, pareto_front, select_for_mutation
 from .templates import TemplateSet, load_templates
-from .types import Candidate, Evaluator, OptimizationResult, ScoredCandidate, TaskInput, Usage, format_trace, task_id_of
+from .types import (
+    Candidate,
+    Evaluator,
+    OptimizationResult,
+    ScoredCandidate,
+    TaskInput,
+    Usage,
+    format_outcomes,
+    format_trace,
+    task_id_of,
+)
 
 
 async def optimize_gepa(
@@ -181,13 +192,20 @@ class _State:
         results = await self.book.evaluate(parent, batch, RolloutMode.TRAIN)
         if all(result.reward >= self.config.perfect_score for result in results):
             return False, f"{parent.candidate_id} is perfect on the minibatch; skipped"
+        pairs = list(zip(batch, results, strict=True))
+        if self.config.reflection_traces is not None:
+            pairs = sorted(pairs, key=lambda pair: pair[1].reward)[: self.config.reflection_traces]
         traces = "\n\n".join(
-            format_trace(task, result, max_chars=self.config.max_trace_chars)
-            for task, result in zip(batch, results, strict=True)
+            format_trace(task, result, max_chars=self.config.max_trace_chars) for task, result in pairs
         )
         current = parent.prompts[name]
         request = self.templates.render(
-            "reflect", prompt_name=name, prompt=current, traces=traces, placeholders=placeholder_list(current)
+            "reflect",
+            prompt_name=name,
+            prompt=current,
+            traces=traces,
+            outcomes=format_outcomes(batch, results),
+            placeholders=placeholder_list(current),
         )
         reply = await self.optimizer.complete(request, sample_index=iteration)
         new_text = repair_edit(current, extract_prompt(reply, allow_bare=False, request=request))

@@ -6,7 +6,7 @@ Files (``agentbolt/algorithms/apo/templates/``) and the placeholders each must c
     * ``edit.md`` (APO, applying the gradient): ``{prompt}``, ``{critique}``; optional ``{placeholders}``,
       ``{variant}``, ``{variants}``;
     * ``reflect.md`` (GEPA, reflective mutation of one named prompt): ``{prompt}``, ``{traces}``; optional
-      ``{prompt_name}``, ``{placeholders}``.
+      ``{prompt_name}``, ``{placeholders}``, ``{outcomes}`` (one line per task of the minibatch).
 
 Substitution is one pass of ``{name}`` -> value for the names given to :meth:`TemplateSet.render`; any other text in
 braces (``{braces}``, JSON examples) is left as written, and the inserted values are never parsed again, so traces
