@@ -24,7 +24,8 @@ Arms (each runs in turn, each starts its own embedded model, SQLite store, serve
   ``optimizer.temperature`` / ``optimizer.max_tokens`` of our arms (no call cache). Mapped from the same config:
   ``reflection_minibatch_size = gepa.minibatch_size``, ``use_merge = gepa.use_merge``, ``max_merge_invocations =
   gepa.max_merges``, ``perfect_score = gepa.perfect_score``, ``seed = gepa.seed``; everything else is gepa's default
-  (Pareto candidate selection, its own reflection prompt, no evaluation cache). ``gepa.optimize`` is synchronous: it
+  (Pareto candidate selection, its own reflection prompt showing every minibatch trace, so ``gepa.reflection_traces``
+  has no counterpart; no evaluation cache). ``gepa.optimize`` is synchronous: it
   runs in a worker thread and the adapter submits its coroutines to this process's event loop. After it returns, the
   seed and the best candidate are run on the test tasks (``mode=test``) like in our arms.
 
