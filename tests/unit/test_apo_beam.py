@@ -335,6 +335,8 @@ def test_format_trace_cuts_the_messages_and_keeps_the_answer_and_feedback() -> N
     # a limit the frame cannot fit in cuts the whole text, as before
     cut = format_trace(task, result, max_chars=100)
     assert cut == ("\n".join([head, body, tail]))[:97] + "..."
+    no_messages = Trace(answer="Atlas", feedback=trace.feedback)
+    assert format_trace(task, TaskResult("s01", 0.0, no_messages), max_chars=1000) == head + "\n" + tail
     no_trace = format_trace(task, TaskResult("s01", 0.0, None), max_chars=30)
     assert no_trace == (head + "\n(no trace recorded)")[:27] + "..."
 

@@ -184,9 +184,11 @@ def format_trace(task: TaskInput, result: TaskResult, *, max_chars: int = 3000, 
     tail = [f"Parsed answer: {trace.answer if trace.answer is not None else '(none)'}"]
     if trace.feedback:
         tail.append(f"Feedback: {trace.feedback}")
+    if not body:
+        return _clip("\n".join([*head, *tail]), max_chars)
     frame = len("\n".join([*head, *tail])) + 1  # the messages add one more line break
-    if not body or frame + 3 > max_chars:  # no messages, or no room for even a cut one: cut the whole
-        return _clip("\n".join([*head, body, *tail] if body else [*head, *tail]), max_chars)
+    if frame + 3 > max_chars:  # no room for even a cut message: cut the whole
+        return _clip("\n".join([*head, body, *tail]), max_chars)
     return "\n".join([*head, _clip(body, max_chars - frame), *tail])
 
 
