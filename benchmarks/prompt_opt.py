@@ -40,7 +40,7 @@ existing ``OUT/<arm>/summary.json`` files and prints it.
 
 Usage (from the repository root)::
 
-    .venv/bin/python benchmarks/prompt_opt.py --overwrite                      # 3 arms, qwen2.5-0.5b, budget 107
+    .venv/bin/python benchmarks/prompt_opt.py --overwrite                      # 3 arms, qwen2.5-coder-1.5b, budget 107
     .venv/bin/python benchmarks/prompt_opt.py --arms gepa,gepa-pypi --budget 80 --overwrite
     .venv/bin/python benchmarks/prompt_opt.py --table-only
 
@@ -73,7 +73,7 @@ DEFAULT_CONFIG = Path("examples/room_agent/config.yaml")
 DEFAULT_OUT = Path("runs/prompt-opt-bench")
 DEFAULT_BUDGET = 107
 """What the room config's APO settings spend at most: 19 + 2 x (6 + 2 x 19) rollouts."""
-DEFAULT_MODEL = "qwen2.5-0.5b"
+DEFAULT_MODEL = "qwen2.5-coder-1.5b"
 
 ARMS = ("agentbolt-apo", "agentbolt-gepa", "gepa-pypi")
 """The arms, in their default order; ``--arms`` also takes the short names of :data:`ARM_ALIASES`."""

@@ -122,8 +122,8 @@ def test_episode_with_a_scripted_model() -> None:
 
 
 def test_episode_asks_for_an_answer_without_tools_once_the_tool_budget_is_spent() -> None:
-    """A model that only ever calls the tool gets ``MAX_TOOL_CALLS`` results, then one request without ``tools``
-    after :data:`FINAL_ANSWER_REQUEST`; that reply is the final one."""
+    """A model that only ever calls the tool gets one successful result, then one request without ``tools`` after
+    :data:`FINAL_ANSWER_REQUEST`; that reply (here plain text, no program) is the final one."""
     task = next(task for task in load_tasks() if task["task_id"] == "s13")
     arguments = json.dumps({"date": task["date"], "time": task["time"], "duration_min": task["duration_min"]})
     requests: list[dict[str, Any]] = []
@@ -140,10 +140,66 @@ def test_episode_asks_for_an_answer_without_tools_once_the_tool_budget_is_spent(
         return SimpleNamespace(choices=[SimpleNamespace(message=message)])
 
     episode = run_episode(create, task, model="m", prompt=BASELINE_PROMPT, sampling={"temperature": 0.0})
-    assert MAX_TOOL_CALLS == 1 and episode.tool_calls == 1
+    assert episode.tool_calls == 1  # the first successful call ends the tool phase
     assert len(requests) == 2 and ["tools" in request for request in requests] == [True, False]
     assert requests[1]["messages"][-1] == {"role": "user", "content": FINAL_ANSWER_REQUEST}
     roles = [message["role"] for message in episode.messages]
     assert roles == ["user", "assistant", "tool", "user", "assistant"]
     assert episode.final_text == "Pulse is nearest. Answer: Pulse"
     assert episode.choice == "Pulse" and compute_reward(episode.choice, task) == 0.0  # s13 expects Atlas
+
+
+def _tool_call(call_id: str, name: str, arguments: str) -> Any:
+    return SimpleNamespace(id=call_id, function=SimpleNamespace(name=name, arguments=arguments))
+
+
+def test_episode_runs_the_models_program_on_the_tool_result_after_a_wrong_tool_name() -> None:
+    """The 1.5B's habit: first an invented tool, then the right one after the error; then ``choose(rooms)``, which the
+    agent runs on that result's rooms. The program below is "first free room in list order": for s13 the rooms in
+    file order are Orion (booked at 15:00), then Lyra (free), so it returns Lyra, while the task expects Atlas."""
+    task = next(task for task in load_tasks() if task["task_id"] == "s13")
+    arguments = json.dumps({"date": task["date"], "time": task["time"], "duration_min": task["duration_min"]})
+    program = "def choose(rooms):\n    return next((r['id'] for r in rooms if r['available']), 'No Room')\n"
+    replies = [
+        SimpleNamespace(content=None, tool_calls=[_tool_call("c1", "book_meeting_room", arguments)]),
+        SimpleNamespace(content=None, tool_calls=[_tool_call("c2", "get_rooms_and_availability", arguments)]),
+        SimpleNamespace(
+            content=f"Here it is:\n```python\n{program}```\nIt picks the first free room.", tool_calls=None
+        ),
+    ]
+    requests: list[dict[str, Any]] = []
+
+    def create(**kwargs: Any) -> Any:
+        requests.append(kwargs)
+        return SimpleNamespace(choices=[SimpleNamespace(message=replies[len(requests) - 1])])
+
+    episode = run_episode(create, task, model="m", prompt=BASELINE_PROMPT, sampling={"temperature": 0.0})
+    assert MAX_TOOL_CALLS == 3 and episode.tool_calls == 2
+    assert episode.messages[2]["content"].startswith("Error: unknown tool 'book_meeting_room'")
+    assert ["tools" in request for request in requests] == [True, True, False]
+    assert episode.program == program
+    assert (episode.program_value, episode.program_error, episode.choice) == ("Lyra", None, "Lyra")
+    assert compute_reward(episode.choice, task) == 0.0
+    assert feedback(episode.choice, task, episode.program_error) == (
+        "Wrong: the expected choice was Atlas, the agent answered Lyra."
+    )
+
+
+def test_a_failing_program_gives_no_choice_and_its_error_in_the_feedback() -> None:
+    task = next(task for task in load_tasks() if task["task_id"] == "s13")
+    arguments = json.dumps({"date": task["date"], "time": task["time"], "duration_min": task["duration_min"]})
+    replies = [
+        SimpleNamespace(content=None, tool_calls=[_tool_call("c1", "get_rooms_and_availability", arguments)]),
+        SimpleNamespace(content="def choose(rooms):\n    return rooms[0]['name']", tool_calls=None),
+    ]
+    calls: list[int] = []
+
+    def create(**kwargs: Any) -> Any:
+        calls.append(1)
+        return SimpleNamespace(choices=[SimpleNamespace(message=replies[len(calls) - 1])])
+
+    episode = run_episode(create, task, model="m", prompt=BASELINE_PROMPT, sampling={})
+    assert episode.choice is None and episode.program_error == "KeyError: 'name'"
+    assert feedback(episode.choice, task, episode.program_error) == (
+        "Wrong: the expected choice was Atlas; the agent's choose(rooms) failed: KeyError: 'name'."
+    )
