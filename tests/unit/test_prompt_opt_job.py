@@ -48,10 +48,11 @@ def test_optimizer_model_is_checked_before_anything_is_written(tmp_path: Path, m
 
     room = REPO / "examples/room_agent/config.yaml"
     out = tmp_path / "never"
-    job = load_job_config(room, [f"out_dir={out}", "optimizer_model=smollm2-135m"])
+    # the config's agent model (the 1.5B) is an optional extra; smollm2-135m is installed by `make setup`
+    job = load_job_config(room, [f"out_dir={out}", "model=smollm2-135m", "optimizer_model=smollm2-135m"])
     assert isinstance(job, PromptOptConfig) and job.optimizer_model == "smollm2-135m"
     assert len(check_job_inputs(job)[2]) == 19  # installed by `make setup`; not loaded here
-    unknown = load_job_config(room, [f"out_dir={out}", "optimizer_model=qwen-9000"])
+    unknown = load_job_config(room, [f"out_dir={out}", "model=smollm2-135m", "optimizer_model=qwen-9000"])
     assert isinstance(unknown, PromptOptConfig)
     with pytest.raises(ConfigError, match="unknown embedded model 'qwen-9000'; known models: .*qwen2.5-coder-1.5b"):
         check_job_inputs(unknown)
@@ -66,13 +67,19 @@ def test_optimizer_model_is_checked_before_anything_is_written(tmp_path: Path, m
     )
     monkeypatch.setitem(model_files.MODEL_SPECS, missing.name, missing)
     monkeypatch.setenv("AGENTBOLT_CACHE", str(tmp_path / "cache"))
-    absent = load_job_config(room, [f"out_dir={out}", "optimizer_model=not-installed-model"])
+    absent = load_job_config(room, [f"out_dir={out}", "model=smollm2-135m", "optimizer_model=not-installed-model"])
     assert isinstance(absent, PromptOptConfig)
     with pytest.raises(BackendError, match="needs the package 'no-such-part==1.0'.*pip install no-such-part==1.0"):
         check_job_inputs(absent)
     # with an optimizer URL, optimizer_model is not used, so not checked
     hosted = load_job_config(
-        room, [f"out_dir={out}", "optimizer_model=not-installed-model", "optimizer.base_url=http://127.0.0.1:9/v1"]
+        room,
+        [
+            f"out_dir={out}",
+            "model=smollm2-135m",
+            "optimizer_model=not-installed-model",
+            "optimizer.base_url=http://127.0.0.1:9/v1",
+        ],
     )
     assert isinstance(hosted, PromptOptConfig) and len(check_job_inputs(hosted)[2]) == 19
     assert not out.exists()
