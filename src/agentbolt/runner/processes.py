@@ -10,7 +10,10 @@ import asyncio
 import importlib
 import logging
 import multiprocessing as mp
+import os
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
@@ -20,6 +23,9 @@ from agentbolt.errors import ConfigError
 from agentbolt.runner.agent import FunctionAgent, LitAgent
 
 logger = logging.getLogger(__name__)
+
+#: After its parent process is gone, a runner gets this long to stop on its own before it exits hard.
+ORPHAN_GRACE_S = 10.0
 
 
 def load_agent(reference: str) -> LitAgent:
@@ -47,6 +53,22 @@ def load_agent(reference: str) -> LitAgent:
     raise ConfigError(f"{reference!r} is neither a LitAgent nor a function")
 
 
+def _watch_parent(parent_pid: int, orphaned: threading.Event, grace_s: float, poll_s: float = 1.0) -> None:
+    """Set ``orphaned`` when the parent process is gone, then end this process if it is still alive ``grace_s`` later.
+
+    A parent killed by SIGKILL or SIGTERM runs no cleanup, so its runners would go on claiming rollouts (or sit in an
+    agent's HTTP retries) for as long as the server lives. The parent is gone when ``os.getppid()`` changes (the OS
+    re-parents an orphan to init or to a subreaper).
+    """
+    while os.getppid() == parent_pid:
+        time.sleep(poll_s)
+    logger.warning("runner's parent process %d is gone; stopping (hard exit in %.0f s)", parent_pid, grace_s)
+    orphaned.set()
+    time.sleep(grace_s)
+    logger.warning("runner did not stop within %.0f s of its parent's exit; exiting now", grace_s)
+    os._exit(1)
+
+
 def _runner_main(
     agent_ref: str,
     store_url: str,
@@ -56,7 +78,17 @@ def _runner_main(
     stop: MpEvent,
     path: list[str],
     instrument: bool | list[str] = True,
+    parent_pid: int | None = None,
+    orphan_grace_s: float = ORPHAN_GRACE_S,
 ) -> None:
+    orphaned = threading.Event()
+    if parent_pid is not None:
+        threading.Thread(
+            target=_watch_parent,
+            args=(parent_pid, orphaned, orphan_grace_s),
+            name="agentbolt-parent-watch",
+            daemon=True,
+        ).start()
     for entry in path:
         if entry not in sys.path:
             sys.path.append(entry)
@@ -70,7 +102,7 @@ def _runner_main(
             load_agent(agent_ref), store, worker_id=worker_id, concurrency=concurrency, instrument=instrument
         )
         try:
-            await runner.run(stop=stop.is_set)
+            await runner.run(stop=lambda: stop.is_set() or orphaned.is_set())
         finally:
             await store.close()
 
@@ -110,6 +142,11 @@ def start_runner_processes(
 
     ``instrument`` is passed to each :class:`~agentbolt.runner.worker.Runner` (frameworks to instrument; ``True``:
     every installed one). Spans go to the server over OTLP/HTTP (``<store_url>/v1/traces``).
+
+    The runners end with the calling process: :meth:`RunnerPool.stop` stops them cleanly, and if the caller dies
+    without stopping them (SIGKILL, SIGTERM), each runner notices within a second, stops claiming rollouts, and exits
+    at the latest :data:`ORPHAN_GRACE_S` seconds later. An attempt cut short that way is handled like any lost worker's:
+    by the rollout's :class:`~agentbolt.types.core.RolloutConfig` (``unresponsive_seconds``, ``max_attempts``).
     """
     load_agent(agent_ref)  # fail here, with a clear error, rather than in every child
     wanted: bool | list[str] = instrument if isinstance(instrument, bool) else list(instrument)
@@ -119,7 +156,7 @@ def start_runner_processes(
     for i in range(n_processes):
         proc = ctx.Process(
             target=_runner_main,
-            args=(agent_ref, store_url, token, f"runner-{i}", concurrency, stop, list(sys.path), wanted),
+            args=(agent_ref, store_url, token, f"runner-{i}", concurrency, stop, list(sys.path), wanted, os.getpid()),
             name=f"agentbolt-runner-{i}",
             daemon=True,
         )
