@@ -279,7 +279,7 @@ def test_rendering_leaves_other_braces_and_inserted_text_alone() -> None:
     assert rendered == 'P {time} {"json": 1} T {prompt} {unknown}'
 
 
-def test_critique_shows_every_batch_outcome_and_the_worst_traces() -> None:
+def test_critique_and_edit_show_every_batch_outcome_and_the_worst_traces() -> None:
     """worst_k=1 shows one full trace; the outcome lines cover all 4 batch tasks (reward, answer, feedback)."""
     script = ScriptedOptimizer()
     optimizer = OptimizerLLM(script.create, model="scripted", sampling={"temperature": 0.7})
@@ -297,6 +297,10 @@ def test_critique_shows_every_batch_outcome_and_the_worst_traces() -> None:
         "- t3: reward 0.00; answer: Nova; needs rule3",
     ]
     assert "\n".join(expected_lines) in critique
+    edit = script.requests[1]  # the edit step sees the failing examples too, not only the critique (Pryzant et al.)
+    assert "<critique>\n- missing: rule1\n</critique>" in edit
+    assert edit.count("### Task ") == 1 and "### Task t0 (reward 0.00)" in edit and "Feedback: needs rule1" in edit
+    assert "\n".join(expected_lines) in edit
 
 
 def test_format_outcomes_by_hand() -> None:

@@ -218,6 +218,8 @@ def test_a_reflection_without_a_usable_prompt_is_rewritten_with_the_edit_templat
         OptimizerLLM(echoing, model="scripted"),
     )
     assert len(requests) == 2 and 'Its name is "plan"' in requests[0] and "<critique>" in requests[1]
+    shown = re.findall(r"^### Task .*$|^- \S+: reward .*$", requests[0], re.MULTILINE)  # traces and outcome lines
+    assert shown and all(line in requests[1] for line in shown)  # the rewrite sees the same runs
     assert result.usage.optimizer_calls == 2 and result.usage.rejected_edits == 0
     assert [c.candidate.prompts["plan"] for c in result.candidates] == ["Plan {time}.", "Plan {time}. rule1"]
     assert result.candidates[1].accepted and result.best.candidate.prompts["plan"] == "Plan {time}. rule1"

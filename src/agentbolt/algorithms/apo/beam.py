@@ -4,8 +4,9 @@ One round (Pryzant et al., 2023, arXiv:2305.03495, Algorithm 1, with agent-light
     1. draw ``train_batch_size`` training tasks; run every beam member on them;
     2. for each beam member and each branch ``b < branch_factor``: show the optimizer the member's ``worst_k``
        lowest-reward traces, and one line per batch task (reward, answer, feedback) so patterns across the batch
-       show, and ask for a critique (the textual gradient); then ask for an edited prompt answering that critique
-       (``sample_index = b`` keeps the branches distinct and cacheable);
+       show, and ask for a critique (the textual gradient); then ask for an edited prompt answering that critique,
+       shown the same traces and outcome lines (the paper's edit step also sees the failing examples, not only the
+       gradient); ``sample_index = b`` keeps the branches distinct and cacheable;
     3. repair the edit (:func:`~.candidates.repair_edit`: placeholders it invented are escaped, sentences of the
        parent holding placeholders it dropped come back); publish every usable edit as a new resources version
        (:mod:`.candidates`); score it on the validation batch;
@@ -172,7 +173,8 @@ async def _critique_and_edit(
     results: Sequence[TaskResult],
     branch: int,
 ) -> tuple[str, str]:
-    """The edit request and reply of one branch: critique of the parent's worst traces, then an edit answering it."""
+    """The edit request and reply of one branch: critique of the parent's worst traces, then an edit answering it
+    (shown the critique and the same traces and outcome lines)."""
     pairs = sorted(zip(batch, results, strict=True), key=lambda pair: pair[1].reward)[: config.worst_k]
     traces = "\n\n".join(format_trace(task, result, max_chars=config.max_trace_chars) for task, result in pairs)
     prompt = parent.prompts[name]
@@ -184,6 +186,8 @@ async def _critique_and_edit(
         "edit",
         prompt=prompt,
         critique=critique.strip(),
+        traces=traces,
+        outcomes=outcomes,
         placeholders=placeholder_list(prompt),
         variant=str(branch + 1),
         variants=str(config.branch_factor),

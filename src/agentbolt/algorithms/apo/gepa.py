@@ -217,6 +217,8 @@ class _State:
                 "edit",
                 prompt=current,
                 critique=reply.strip(),
+                traces=traces,
+                outcomes=format_outcomes(batch, results),
                 placeholders=placeholder_list(current),
                 variant="1",
                 variants="1",

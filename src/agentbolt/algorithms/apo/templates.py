@@ -3,8 +3,8 @@
 Files (``agentbolt/algorithms/apo/templates/``) and the placeholders each must contain:
     * ``critique.md`` (APO, the textual gradient): ``{prompt}``, ``{traces}``; optional ``{outcomes}`` (one line per
       task of the batch);
-    * ``edit.md`` (APO, applying the gradient): ``{prompt}``, ``{critique}``; optional ``{placeholders}``,
-      ``{variant}``, ``{variants}``;
+    * ``edit.md`` (APO, applying the gradient): ``{prompt}``, ``{critique}``; optional ``{traces}`` and
+      ``{outcomes}`` (the ones the critique was given), ``{placeholders}``, ``{variant}``, ``{variants}``;
     * ``reflect.md`` (GEPA, reflective mutation of one named prompt): ``{prompt}``, ``{traces}``; optional
       ``{prompt_name}``, ``{placeholders}``, ``{outcomes}`` (one line per task of the minibatch).
 
