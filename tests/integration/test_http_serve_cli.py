@@ -2,35 +2,20 @@
 
 from __future__ import annotations
 
-import os
-import re
 import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
+from tests.integration.serve_process import start_serve
 
 
 def test_serve_enforces_token_and_body_limit() -> None:
-    cmd = [sys.executable, "-m", "agentbolt.cli.main", "serve", "--store", "memory://", "--port", "0"]
-    cmd += ["--token", "cli-token", "--max-body-mb", "0.001"]  # 0.001 MiB = 1048 bytes
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"}
-    )
+    # 0.001 MiB = 1048 bytes
+    proc, url = start_serve("--store", "memory://", "--port", "0", "--token", "cli-token", "--max-body-mb", "0.001")
     try:
-        assert proc.stdout is not None
-        url = None
-        deadline = time.monotonic() + 60
-        while url is None and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            assert line, f"agentbolt serve exited early with {proc.wait()}"
-            found = re.search(r"serving on (http://127\.0\.0\.1:\d+)", line)
-            url = found.group(1) if found else None
-        assert url is not None, "agentbolt serve did not report its URL"
-
         with httpx.Client(base_url=url) as client:
             assert client.get("/v1/health").status_code == 401
             auth = {"Authorization": "Bearer cli-token"}
@@ -57,17 +42,7 @@ def test_serve_refuses_a_non_positive_body_limit() -> None:
 
 def test_sigterm_stops_the_server_and_closes_the_store(tmp_path: Path) -> None:
     db = tmp_path / "s.db"
-    cmd = [sys.executable, "-m", "agentbolt.cli.main", "serve", "--store", f"sqlite:///{db}", "--port", "0"]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"}
-    )
-    assert proc.stdout is not None
-    url = None
-    while url is None:
-        line = proc.stdout.readline()
-        assert line, f"agentbolt serve exited early with {proc.wait()}"
-        found = re.search(r"serving on (http://127\.0\.0\.1:\d+)", line)
-        url = found.group(1) if found else None
+    proc, url = start_serve("--store", f"sqlite:///{db}", "--port", "0")
     with httpx.Client(base_url=url) as client:
         assert client.post("/v1/rollouts", json={"input": {"q": 1}}).status_code in (200, 201)
     proc.send_signal(signal.SIGTERM)

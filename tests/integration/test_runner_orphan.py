@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from tests.integration.serve_process import start_serve
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,24 +37,9 @@ def _alive(pid: int) -> bool:
 
 
 def test_runners_exit_when_their_parent_is_killed() -> None:
-    serve = subprocess.Popen(
-        [sys.executable, "-m", "agentbolt.cli.main", "serve", "--store", "memory://", "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "COLUMNS": "200"},
-    )
+    serve, url = start_serve("--store", "memory://", "--port", "0")
     runner_pids: list[int] = []
     try:
-        url = None
-        assert serve.stdout is not None
-        deadline = time.monotonic() + 60
-        while url is None and time.monotonic() < deadline:
-            line = serve.stdout.readline()
-            assert line, f"agentbolt serve exited early with {serve.wait()}"
-            found = re.search(r"serving on (http://127\.0\.0\.1:\d+)", line)
-            url = found.group(1) if found else None
-        assert url is not None, "agentbolt serve did not report its URL"
         parent = subprocess.Popen(
             [sys.executable, "-c", PARENT, url], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
