@@ -79,13 +79,12 @@ def _runner_main(
     path: list[str],
     instrument: bool | list[str] = True,
     parent_pid: int | None = None,
-    orphan_grace_s: float = ORPHAN_GRACE_S,
 ) -> None:
     orphaned = threading.Event()
     if parent_pid is not None:
         threading.Thread(
             target=_watch_parent,
-            args=(parent_pid, orphaned, orphan_grace_s),
+            args=(parent_pid, orphaned, ORPHAN_GRACE_S),
             name="agentbolt-parent-watch",
             daemon=True,
         ).start()

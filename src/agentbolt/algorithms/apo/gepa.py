@@ -199,12 +199,13 @@ class _State:
             format_trace(task, result, max_chars=self.config.max_trace_chars) for task, result in pairs
         )
         current = parent.prompts[name]
+        outcomes = format_outcomes(batch, results)
         request = self.templates.render(
             "reflect",
             prompt_name=name,
             prompt=current,
             traces=traces,
-            outcomes=format_outcomes(batch, results),
+            outcomes=outcomes,
             placeholders=placeholder_list(current),
         )
         reply = await self.optimizer.complete(request, sample_index=iteration)
@@ -218,7 +219,7 @@ class _State:
                 prompt=current,
                 critique=reply.strip(),
                 traces=traces,
-                outcomes=format_outcomes(batch, results),
+                outcomes=outcomes,
                 placeholders=placeholder_list(current),
                 variant="1",
                 variants="1",
