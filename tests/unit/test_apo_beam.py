@@ -387,6 +387,34 @@ def test_extract_prompt_drops_the_request_wording_pasted_back() -> None:
     assert extract_prompt("only <prompt> and </prompt>", allow_bare=False, request=request) is None
 
 
+def test_extract_prompt_passes_over_an_echo_of_the_current_prompt() -> None:
+    # Qwen2.5-Coder-1.5B (APO run, 2026-12-01): both round-2 edits copied the current prompt first, then began the
+    # new one in a tag that max_tokens left open; the echo was taken and refused, so the round had no candidate
+    current = "Book a room on {date}. The function `choose` returns the room ID."
+    request = f"<current_prompt>\n{current}\n</current_prompt>\nReply between <prompt> and </prompt>."
+    mixed_echo = f"<current_prompt>\n{current}\n</prompt>\n\n<prompt>\nTo book a room on {{date}}:\n1. Filter the"
+    assert extract_prompt(mixed_echo, allow_bare=True) == current  # without the request: the complete block
+    assert extract_prompt(mixed_echo, allow_bare=True, request=request) == "To book a room on {date}:\n1. Filter the"
+    shown_tag = f"<current_prompt>\n{current}\n</current_prompt>\n### Improved\n<current_prompt>\n{current}\nRules: a"
+    assert extract_prompt(shown_tag, allow_bare=True, request=request) == f"{current}\nRules: a"
+    # an echo cut short is an echo too; with nothing else in the reply the echo comes back (and is refused later)
+    assert extract_prompt("<prompt>Book a room on {date}. The func", allow_bare=False, request=request) == (
+        "Book a room on {date}. The func"
+    )
+    assert (
+        extract_prompt(f"<prompt>{current}</prompt> <prompt>New {{date}}.</prompt>", allow_bare=False, request=request)
+        == "New {date}."
+    )
+    assert (
+        extract_prompt(f"<prompt>New {{date}}.</prompt> <prompt>{current}</prompt>", allow_bare=False, request=request)
+        == "New {date}."
+    )
+    assert (
+        extract_prompt(f"<current_prompt>{current}</current_prompt> then {current}", allow_bare=True, request=request)
+        == current
+    )
+
+
 def test_restore_dropped_fields_brings_back_the_parents_sentences() -> None:
     parent = "Book a room on {date} at {time}. Needed equipment: {needs}! Accessible: {accessible_required}?"
     # every field kept: unchanged

@@ -21,7 +21,7 @@ from .types import Candidate, Evaluator, TaskInput, TaskResult, Usage, task_id_o
 
 _NO_TAG = r"((?:(?!</?(?:current_|new_)?prompt>).)*)"  # text holding none of the prompt tags
 _PROMPT_BLOCK_RE = re.compile(r"<(?:new_)?prompt>" + _NO_TAG + r"</(?:new_)?prompt>", re.DOTALL | re.IGNORECASE)
-_OPEN_TAG_RE = re.compile(r"<(?:new_)?prompt>", re.IGNORECASE)
+_OPEN_TAG_RE = re.compile(r"<(?:current_|new_)?prompt>", re.IGNORECASE)
 _CURRENT_BLOCK_RE = re.compile(r"<current_prompt>(.*?)</current_prompt>", re.DOTALL | re.IGNORECASE)
 _MIXED_BLOCK_RE = re.compile(
     r"<(?:current_|new_)?prompt>" + _NO_TAG + r"</(?:current_|new_)?prompt>", re.DOTALL | re.IGNORECASE
@@ -157,42 +157,49 @@ class EvaluationBook:
 def extract_prompt(reply: str, *, allow_bare: bool, request: str | None = None) -> str | None:
     """The prompt text in an optimizer reply, stripped; ``None`` when there is none.
 
-    ``request`` is the text the optimizer was sent: a block of the reply that is also a block of the request, outside
-    its ``<current_prompt>`` (the template's own wording, "between <prompt> and </prompt>", pasted back: measured with
-    Qwen2.5-Coder-1.5B), is dropped before the rule below is applied.
+    ``request`` is the text the optimizer was sent. With it, two kinds of pasted-back text are known: a block of the
+    reply that is also a block of the request outside its ``<current_prompt>`` (the template's own wording, "between
+    <prompt> and </prompt>") is dropped before the rule below is applied; and a candidate whose text is the current
+    prompt or the start of it (the request's ``<current_prompt>``, copied before the new text) is an echo, passed over
+    for any later rule that finds new text. Both measured with Qwen2.5-Coder-1.5B, whose replies often open by copying
+    the current prompt, then give the new one in a tag left open when ``max_tokens`` cuts it.
 
-    Rule, first that applies: the last complete ``<prompt>...</prompt>`` block (``<new_prompt>`` is accepted as
-    well: small models rename the tag); the last block whose tags do not match (``<current_prompt>...</prompt>``:
-    the model opened with the tag it was shown and closed with the one asked for); the text after the last
-    unclosed ``<prompt>`` (a reply cut by ``max_tokens``); the last ``<current_prompt>...</current_prompt>`` block
-    (small models put their new text in the tag they were shown; an unchanged echo is then refused by
-    :func:`rejection_reason`); with ``allow_bare`` (the edit template asks for the prompt only), the whole reply
-    without a surrounding Markdown code fence. Text inside ``<current_prompt>`` blocks is never searched for the
-    other tags, and a block never spans another prompt tag. An empty result is ``None``.
+    Rule, first that applies with new text: the last complete ``<prompt>...</prompt>`` block (``<new_prompt>`` is
+    accepted as well: small models rename the tag); the last block whose tags do not match
+    (``<current_prompt>...</prompt>``: the model opened with the tag it was shown and closed with the one asked for);
+    the text after the last unclosed ``<prompt>``, ``<new_prompt>`` or ``<current_prompt>`` (a reply cut by
+    ``max_tokens``); the last ``<current_prompt>...</current_prompt>`` block (small models put their new text in the
+    tag they were shown); with ``allow_bare`` (the edit template asks for the prompt only), the whole reply without a
+    surrounding Markdown code fence. When every candidate is an echo, the first one is returned (and
+    :func:`rejection_reason` refuses it as already tried). Text inside complete ``<current_prompt>`` blocks is never
+    searched for the other tags, and a block never spans another prompt tag. An empty result is ``None``.
 
     Example:
         >>> extract_prompt("<current_prompt>old</current_prompt> <new_prompt>new</new_prompt>", allow_bare=False)
         'new'
     """
+    current = [block.strip() for block in _CURRENT_BLOCK_RE.findall(request or "")]
+
+    def is_echo(text: str) -> bool:
+        return any(prompt.startswith(text.strip()) for prompt in current)
+
     echoed = _CURRENT_BLOCK_RE.findall(reply)
     rest = _CURRENT_BLOCK_RE.sub("", reply)
     if request is not None:
         asked = {block.strip() for block in _MIXED_BLOCK_RE.findall(_CURRENT_BLOCK_RE.sub("", request))}
         rest = _MIXED_BLOCK_RE.sub(lambda match: "" if match.group(1).strip() in asked else match.group(0), rest)
-    blocks = _PROMPT_BLOCK_RE.findall(rest) or _MIXED_BLOCK_RE.findall(rest)
-    if blocks:
-        text = blocks[-1]
-    else:
-        opens = list(_OPEN_TAG_RE.finditer(rest))
-        if opens:
-            text = rest[opens[-1].end() :]
-        elif echoed:
-            text = echoed[-1]
-        elif allow_bare:
-            text = reply
-        else:
-            return None
-    text = text.strip()
+    candidates = [*reversed(_PROMPT_BLOCK_RE.findall(rest)), *reversed(_MIXED_BLOCK_RE.findall(rest))]
+    # an unclosed tag counts once no complete block with new text is left (echoed blocks are cut out first)
+    unechoed = _MIXED_BLOCK_RE.sub(lambda match: "" if is_echo(match.group(1)) else match.group(0), rest)
+    opens = list(_OPEN_TAG_RE.finditer(unechoed))
+    if opens and not _MIXED_BLOCK_RE.search(unechoed):
+        candidates.append(unechoed[opens[-1].end() :])
+    candidates.extend(reversed(echoed))
+    if allow_bare and not candidates:
+        candidates.append(reply)
+    if not candidates:
+        return None
+    text = next((text for text in candidates if not is_echo(text)), candidates[0]).strip()
     fenced = _FENCE_RE.match(text)
     if fenced:
         text = fenced.group(1).strip()
@@ -270,8 +277,10 @@ def restore_dropped_fields(parent_text: str, new_text: str | None) -> str | None
     held the field (a sentence ends at ``.``, ``!``, ``?`` or a line break) comes back, in the parent's order.
 
     Example:
-        >>> restore_dropped_fields("Meet at {time}. Bring {needs}.", "Be on time: {time}.")
-        'Be on time: {time}.\n\nBring {needs}.'
+        >>> print(restore_dropped_fields("Meet at {time}. Bring {needs}.", "Be on time: {time}."))
+        Be on time: {time}.
+        <BLANKLINE>
+        Bring {needs}.
     """
     if new_text is None:
         return None
