@@ -85,6 +85,37 @@ def test_optimizer_model_is_checked_before_anything_is_written(tmp_path: Path, m
     assert not out.exists()
 
 
+def test_overwrite_keeps_the_old_store_when_the_agent_does_not_import(tmp_path: Path) -> None:
+    # found by a new-user pass: --overwrite removed store.db, then the agent import failed and nothing replaced it
+    from agentbolt.trainer.demo import run_training
+    from agentbolt.trainer.prompt_opt import run_prompt_optimization
+
+    for config_file, job_runner in (
+        ("examples/room_agent/config.yaml", run_prompt_optimization),
+        ("examples/calc_agent/config.yaml", run_training),
+    ):
+        out = tmp_path / Path(config_file).parent.name
+        out.mkdir()
+        (out / "store.db").write_bytes(b"an earlier run")
+        job = load_job_config(
+            REPO / config_file, [f"out_dir={out}", "model=smollm2-135m", "overwrite=true", "agent=nope_mod:agent"]
+        )
+        with pytest.raises(ConfigError, match="cannot import agent module 'nope_mod'"):
+            asyncio.run(job_runner(job))  # type: ignore[arg-type]
+        assert (out / "store.db").read_bytes() == b"an earlier run"
+
+
+def test_bad_config_paths_and_override_values_are_config_errors(tmp_path: Path) -> None:
+    room = REPO / "examples/room_agent/config.yaml"
+    with pytest.raises(ConfigError, match="cannot read config file .*give the path of a YAML file"):
+        load_job_config(tmp_path)
+    for value in ("apo.templates.edit.text={prompt} {critique}", "apo.rounds=[1"):
+        with pytest.raises(ConfigError, match="the value is not valid YAML .*quote it"):
+            load_job_config(room, [value])
+    quoted = load_job_config(room, ['apo.templates.edit.text="{prompt} {critique}"'])
+    assert isinstance(quoted, PromptOptConfig) and quoted.apo.templates["edit"].text == "{prompt} {critique}"
+
+
 def test_seed_prompts_come_from_the_file_or_a_reference() -> None:
     from examples.room_agent.agent import BASELINE_PROMPT
 

@@ -143,8 +143,8 @@ def read_settings(path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
         overrides: ``dotted.key=value`` strings; each value is read as YAML (``3``, ``0.5``, ``true``, ``rloo``).
 
     Raises:
-        ConfigError: the file is missing or not a YAML mapping, or an override has no ``=`` or goes through a value
-            that is not a section.
+        ConfigError: the file is missing, unreadable (a directory) or not a YAML mapping, or an override has no ``=``,
+            a value that is not valid YAML, or goes through a value that is not a section.
     """
     import yaml
 
@@ -152,6 +152,9 @@ def read_settings(path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
         data = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
+    except OSError as exc:
+        reason = exc.strerror or exc
+        raise ConfigError(f"cannot read config file {path}: {reason}; give the path of a YAML file") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
     if data is None:
@@ -169,7 +172,14 @@ def read_settings(path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
             if not isinstance(child, dict):
                 raise ConfigError(f"override {item!r}: {part} is not a section")
             node = child
-        node[parts[-1]] = yaml.safe_load(raw)
+        try:
+            node[parts[-1]] = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            problem = getattr(exc, "problem", None) or exc
+            raise ConfigError(
+                f"override {item!r}: the value is not valid YAML ({problem}); quote it, "
+                f"e.g. --set '{key.strip()}=\"...\"'"
+            ) from None
     return data
 
 
@@ -293,6 +303,7 @@ async def run_training(config: TrainConfig, console: Console | None = None) -> d
     from agentbolt.algorithms.rl.credit import build_credit_scheme
     from agentbolt.algorithms.rl.torch_backend import TorchTrainerConfig
     from agentbolt.inference.model_files import get_model_spec
+    from agentbolt.runner.processes import load_agent
     from agentbolt.trainer.local import fresh_db_path, local_training
 
     if not Path(config.model).is_dir():
@@ -310,6 +321,7 @@ async def run_training(config: TrainConfig, console: Console | None = None) -> d
         trainer_config = trainer_config.model_copy(update={"value_head": True})  # PPO: the value head is needed
     check_device(config.device)
     tasks_mod = load_tasks_module(config.tasks)
+    load_agent(config.agent)  # an agent that does not import fails here, before --overwrite removes a store
     db_path = fresh_db_path(config.out_dir, overwrite=config.overwrite)
 
     train_tasks = tasks_mod.load_train_tasks(size=config.train_size)

@@ -144,11 +144,12 @@ def check_job_inputs(
     empty unless ``eval_test`` and the tasks module has ``load_test_tasks``); nothing is written.
 
     Raises:
-        ConfigError: unknown model (agent or optimizer) or device, tasks module or seed prompts that do not load,
+        ConfigError: unknown model (agent or optimizer) or device, tasks module, agent or seed prompts that do not load,
             no training or validation tasks.
         BackendError: a model that is neither prepared nor installed (the message gives the pip command).
     """
     from agentbolt.inference.model_files import check_model_available
+    from agentbolt.runner.processes import load_agent
     from agentbolt.trainer.demo import check_device, load_tasks_module
 
     optimizer_model = config.optimizer_model if config.optimizer.base_url is None else None
@@ -157,6 +158,7 @@ def check_job_inputs(
             check_model_available(model)
     check_device(config.device)
     tasks_mod = load_tasks_module(config.tasks)
+    load_agent(config.agent)  # an agent that does not import fails here, before --overwrite removes a store
     seed_prompts = resolve_seed_prompts(config)
     train_tasks = list(tasks_mod.load_train_tasks(size=config.train_size))
     val_tasks = list(next(iter(tasks_mod.load_val_sets(n_per_set=config.val_size).values()), []))
