@@ -110,6 +110,18 @@ OTLP_UNKNOWN = {
     ]
 }
 
+TRAINED_SAMPLE = {
+    "train_step": 1,
+    "sample_index": 0,
+    "rollout_id": "unknown-rollout",
+    "attempt_id": "unknown-attempt",
+    "calls": [{"span_id": SPAN["span_id"], "response_start": 1, "response_end": 2}],
+    "loss_mask_ranges": [[1, 2]],
+    "advantage": 0.5,
+    "advantage_estimator": "grpo",
+    "credit_assignment": "broadcast",
+}
+
 
 @dataclass(frozen=True)
 class BodyCase:
@@ -135,6 +147,7 @@ BODY_CASES: dict[tuple[str, str], BodyCase] = {
         {"rollout_id": "unknown-rollout", "attempt_id": "unknown-attempt"}, 404
     ),
     ("POST", "/v1/metrics"): BodyCase({"metrics": [{"name": "loss", "train_step": 1, "value": 0.5, "time": 1.0}]}, 200),
+    ("POST", "/v1/trained-samples"): BodyCase({"train_step": 1, "samples": [TRAINED_SAMPLE]}, 404),
     ("POST", "/v1/traces"): BodyCase(OTLP_UNKNOWN, 404),
     ("POST", "/v1/rollouts/{rollout_id}/attempts/{attempt_id}/v1/chat/completions"): BodyCase(
         {"messages": [{"role": "user", "content": "hi"}]}, 404

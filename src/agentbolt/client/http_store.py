@@ -36,8 +36,10 @@ from agentbolt.types import (
     RolloutMode,
     RolloutStatus,
     Span,
+    TrainedSample,
     Worker,
 )
+from agentbolt.types.api import TrainedSamplesBody
 
 T = TypeVar("T")
 
@@ -50,6 +52,7 @@ _ATTEMPTS = TypeAdapter(list[Attempt])
 _RESOURCES = TypeAdapter(list[ResourcesUpdate])
 _WORKERS = TypeAdapter(list[Worker])
 _METRICS = TypeAdapter(list[Metric])
+_TRAINED_SAMPLES = TypeAdapter(list[TrainedSample])
 _ENQUEUE_REQUESTS = TypeAdapter(list[EnqueueRequest])
 _WAIT_CHUNK_S = 10.0
 
@@ -298,6 +301,24 @@ class HttpLightningStore:
     async def query_metrics(self, name: str | None = None) -> list[Metric]:
         params = {"name": name} if name else None
         return _METRICS.validate_json(await self._request("GET", "/v1/metrics", params=params))
+
+    async def put_trained_samples(self, train_step: int, samples: Sequence[TrainedSample]) -> None:
+        """``POST /v1/trained-samples``. Raises ConfigError (checked here first, as every backend does),
+        NotFoundError."""
+        rules.check_trained_samples(train_step, samples)
+        body = TrainedSamplesBody(train_step=train_step, samples=list(samples))
+        await self._request("POST", "/v1/trained-samples", body=self._dump(body))
+
+    async def query_trained_samples(
+        self, *, rollout_id: str | None = None, train_step: int | None = None
+    ) -> list[TrainedSample]:
+        params: dict[str, str | int] = {}
+        if rollout_id is not None:
+            params["rollout_id"] = rollout_id
+        if train_step is not None:
+            params["train_step"] = train_step
+        raw = await self._request("GET", "/v1/trained-samples", params=params or None)
+        return _TRAINED_SAMPLES.validate_json(raw)
 
     async def close(self) -> None:
         """Close the connection pool of every event loop that is still open."""

@@ -35,6 +35,7 @@ from agentbolt.types import (
     RolloutMode,
     RolloutStatus,
     Span,
+    TrainedSample,
     Worker,
 )
 
@@ -245,3 +246,13 @@ class SyncHttpLightningStore:
     def query_metrics(self, name: str | None = None) -> list[Metric]:
         """See :meth:`agentbolt.store.base.LightningStore.query_metrics`."""
         return self._call(self._store.query_metrics, name)
+
+    def put_trained_samples(self, train_step: int, samples: Sequence[TrainedSample]) -> None:
+        """See :meth:`agentbolt.store.base.LightningStore.put_trained_samples`."""
+        self._call(self._store.put_trained_samples, train_step, samples)
+
+    def query_trained_samples(
+        self, *, rollout_id: str | None = None, train_step: int | None = None
+    ) -> list[TrainedSample]:
+        """See :meth:`agentbolt.store.base.LightningStore.query_trained_samples`."""
+        return self._call(self._store.query_trained_samples, rollout_id=rollout_id, train_step=train_step)

@@ -18,6 +18,7 @@ from agentbolt.types import (
     RolloutMode,
     RolloutStatus,
     Span,
+    TrainedSample,
     Worker,
 )
 from agentbolt.types.api import (
@@ -30,6 +31,7 @@ from agentbolt.types.api import (
     MetricsBody,
     ResourcesBody,
     SpansBody,
+    TrainedSamplesBody,
     WaitBody,
 )
 
@@ -234,3 +236,23 @@ async def add_metrics(body: MetricsBody, request: Request) -> dict[str, int]:
 async def query_metrics(request: Request, name: str | None = None) -> Response:
     """Points of one curve (``name``) or of all, by ``train_step`` then insertion."""
     return _reply(await _store(request).query_metrics(name), list[Metric])
+
+
+@router.post("/trained-samples")
+async def put_trained_samples(body: TrainedSamplesBody, request: Request) -> dict[str, int]:
+    """Record the samples one training step's update received, replacing what was recorded for that step (all or
+    nothing); answers how many were stored. 404 when a sample names an unknown attempt, 422 for a sample of another
+    step or a repeated ``sample_index``."""
+    await _store(request).put_trained_samples(body.train_step, body.samples)
+    return {"stored": len(body.samples)}
+
+
+@router.get("/trained-samples", response_model=list[TrainedSample])
+async def query_trained_samples(
+    request: Request, rollout_id: str | None = None, train_step: int | None = Query(default=None, ge=0)
+) -> Response:
+    """The recorded trained samples of one rollout and/or one step (or all), by ``train_step`` then
+    ``sample_index``; ``[]`` when none match."""
+    return _reply(
+        await _store(request).query_trained_samples(rollout_id=rollout_id, train_step=train_step), list[TrainedSample]
+    )

@@ -32,6 +32,7 @@ from agentbolt.types import (
     RolloutMode,
     RolloutStatus,
     Span,
+    TrainedSample,
     Worker,
 )
 
@@ -231,6 +232,29 @@ class LightningStore(Protocol):
 
     async def query_metrics(self, name: str | None = None) -> list[Metric]:
         """Points of one curve (or all), by ``train_step`` then insertion."""
+        ...
+
+    async def put_trained_samples(self, train_step: int, samples: Sequence[TrainedSample]) -> None:
+        """Record the samples the update of ``train_step`` received (:class:`~agentbolt.types.TrainedSample`),
+        replacing whatever was recorded for that step before; all or nothing.
+
+        Replacing makes the write idempotent: a resumed run that redoes a step records what it trained the second
+        time, and an empty ``samples`` leaves the step with no record.
+
+        Raises:
+            ConfigError: a sample's ``train_step`` differs from ``train_step``, or two samples share a
+                ``sample_index``.
+            NotFoundError: a sample names an attempt that is not one of its rollout's (or an unknown rollout).
+        """
+        ...
+
+    async def query_trained_samples(
+        self, *, rollout_id: str | None = None, train_step: int | None = None
+    ) -> list[TrainedSample]:
+        """The recorded trained samples matching every given filter, by ``train_step`` then ``sample_index``.
+
+        Filters only: an unknown rollout or a step without a record gives ``[]``.
+        """
         ...
 
     async def close(self) -> None:

@@ -33,6 +33,7 @@ from agentbolt.types import (
     RolloutMode,
     RolloutStatus,
     Span,
+    TrainedSample,
     Worker,
 )
 
@@ -66,6 +67,7 @@ class InMemoryLightningStore:
         self._resources: list[ResourcesUpdate] = []
         self._workers: dict[str, Worker] = {}
         self._metrics: list[Metric] = []
+        self._trained: dict[int, list[TrainedSample]] = {}  # train_step -> its samples, as given
         self._waiters: set[asyncio.Event] = set()
         self._sweeper: asyncio.Task[None] | None = None
         self._closed = False
@@ -455,6 +457,28 @@ class InMemoryLightningStore:
         self._start()
         found = [m for m in self._metrics if name is None or m.name == name]
         return [m.model_copy(deep=True) for m in sorted(found, key=lambda m: m.train_step)]
+
+    # ----------------------------------------------------------------- trained samples
+    async def put_trained_samples(self, train_step: int, samples: Sequence[TrainedSample]) -> None:
+        """Record a step's trained samples, replacing the step's earlier record. Raises ConfigError, NotFoundError
+        (see the contract)."""
+        self._start()
+        for rollout_id, attempt_id in rules.check_trained_samples(train_step, samples):
+            self._attempt(rollout_id, attempt_id)
+        self._trained[train_step] = [s.model_copy(deep=True) for s in samples]
+
+    async def query_trained_samples(
+        self, *, rollout_id: str | None = None, train_step: int | None = None
+    ) -> list[TrainedSample]:
+        """Recorded trained samples matching the filters, by ``train_step`` then ``sample_index``."""
+        self._start()
+        steps = sorted(self._trained) if train_step is None else [train_step]
+        return [
+            s.model_copy(deep=True)
+            for step in steps
+            for s in sorted(self._trained.get(step, []), key=lambda s: s.sample_index)
+            if rollout_id is None or s.rollout_id == rollout_id
+        ]
 
     async def close(self) -> None:
         """Stop the lease sweeper. The store cannot be used afterwards; closing twice is harmless."""

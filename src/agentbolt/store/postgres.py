@@ -55,6 +55,7 @@ from agentbolt.types import (
     RolloutMode,
     RolloutStatus,
     Span,
+    TrainedSample,
     Worker,
 )
 
@@ -558,6 +559,39 @@ class PostgresLightningStore:
         where, params = ("WHERE name = %s", (name,)) if name is not None else ("", ())
         clauses = f"{where} ORDER BY train_step, metric_seq"
         return await self._tx(functools.partial(schema.METRICS.fetch_all, clauses=clauses, params=params))
+
+    # ----------------------------------------------------------------- trained samples
+    async def put_trained_samples(self, train_step: int, samples: Sequence[TrainedSample]) -> None:
+        """Record a step's trained samples in one transaction, replacing the step's earlier record (writers of one
+        step take turns on a transaction-scoped advisory lock). Raises ConfigError, NotFoundError (see the
+        contract)."""
+        pairs = rules.check_trained_samples(train_step, samples)
+
+        async def write(conn: Conn) -> None:
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended('agentbolt.trained_samples', %s))", (train_step,)
+            )
+            for rollout_id, attempt_id in pairs:
+                await schema.get_attempt(conn, rollout_id, attempt_id)
+            await conn.execute("DELETE FROM trained_samples WHERE train_step = %s", (train_step,))
+            await schema.TRAINED_SAMPLES.insert_many(conn, list(samples))
+
+        await self._tx(write)
+
+    async def query_trained_samples(
+        self, *, rollout_id: str | None = None, train_step: int | None = None
+    ) -> list[TrainedSample]:
+        """Recorded trained samples matching the filters, by ``train_step`` then ``sample_index``."""
+        where: list[str] = []
+        params: list[Any] = []
+        if rollout_id is not None:
+            where.append("rollout_id = %s")
+            params.append(rollout_id)
+        if train_step is not None:
+            where.append("train_step = %s")
+            params.append(train_step)
+        clauses = ("WHERE " + " AND ".join(where) if where else "") + " ORDER BY train_step, sample_index"
+        return await self._tx(functools.partial(schema.TRAINED_SAMPLES.fetch_all, clauses=clauses, params=params))
 
     async def close(self) -> None:
         """Stop the lease sweeper (letting a sweep in progress finish) and close the pool's connections. The store

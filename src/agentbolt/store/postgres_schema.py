@@ -119,6 +119,30 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     # The dashboard's rollout search (agentbolt.store.postgres_search): reward ranges and the final_reward sort.
     Migration(2, ("CREATE INDEX rollouts_by_reward ON rollouts (final_reward)",)),
+    # What each update trained on (agentbolt.types.TrainedSample): token ids stay in the spans; a step's rows are
+    # replaced together; the dashboard reads a rollout's rows by rollout_id.
+    Migration(
+        3,
+        (
+            """CREATE TABLE trained_samples (
+                train_step BIGINT NOT NULL,
+                sample_index INTEGER NOT NULL,
+                rollout_id TEXT NOT NULL,
+                attempt_id TEXT NOT NULL REFERENCES attempts (attempt_id),
+                calls JSONB NOT NULL,
+                loss_mask_ranges JSONB NOT NULL,
+                advantage DOUBLE PRECISION NOT NULL,
+                token_advantages JSONB,
+                token_returns JSONB,
+                sampling_temperature DOUBLE PRECISION NOT NULL,
+                trained BOOLEAN NOT NULL,
+                advantage_estimator TEXT NOT NULL,
+                credit_assignment TEXT NOT NULL,
+                PRIMARY KEY (train_step, sample_index)
+            )""",
+            "CREATE INDEX trained_samples_by_rollout ON trained_samples (rollout_id)",
+        ),
+    ),
 )
 
 
@@ -241,8 +265,9 @@ SPANS = PgTable.of(tables.SPANS)
 RESOURCES = PgTable.of(tables.RESOURCES)
 WORKERS = PgTable.of(tables.WORKERS)
 METRICS = PgTable.of(tables.METRICS)
+TRAINED_SAMPLES = PgTable.of(tables.TRAINED_SAMPLES)
 
-TABLES: tuple[PgTable[Any], ...] = (ROLLOUTS, ATTEMPTS, SPANS, RESOURCES, WORKERS, METRICS)
+TABLES: tuple[PgTable[Any], ...] = (ROLLOUTS, ATTEMPTS, SPANS, RESOURCES, WORKERS, METRICS, TRAINED_SAMPLES)
 
 
 # ---------------------------------------------------------------------- lookups used by the store

@@ -39,6 +39,7 @@ from agentbolt.types import (
     Rollout,
     RolloutConfig,
     RolloutStatus,
+    TrainedSample,
     Worker,
 )
 
@@ -367,3 +368,28 @@ def worker_after_attempt(worker: Worker, attempt: Attempt) -> Worker:
     if worker.current_attempt_id != attempt.attempt_id or attempt.status in ACTIVE_ATTEMPT_STATUSES:
         return worker
     return worker.model_copy(update={"status": WORKER_IDLE, "current_rollout_id": None, "current_attempt_id": None})
+
+
+def check_trained_samples(train_step: int, samples: Sequence[TrainedSample]) -> list[tuple[str, str]]:
+    """Check a step's trained samples before :meth:`~agentbolt.store.base.LightningStore.put_trained_samples`
+    stores them; return the distinct ``(rollout_id, attempt_id)`` pairs they name, in first-seen order (each backend
+    checks that these attempts exist).
+
+    Raises:
+        ConfigError: ``train_step < 0``, a sample of another step, or two samples with the same ``sample_index``.
+    """
+    if train_step < 0:
+        raise ConfigError(f"train_step must be >= 0, got {train_step}")
+    seen: set[int] = set()
+    pairs: dict[tuple[str, str], None] = {}
+    for sample in samples:
+        if sample.train_step != train_step:
+            raise ConfigError(
+                f"trained sample {sample.sample_index} is of step {sample.train_step}, not of step {train_step}; "
+                "record each step's samples with that step"
+            )
+        if sample.sample_index in seen:
+            raise ConfigError(f"two trained samples of step {train_step} have sample_index {sample.sample_index}")
+        seen.add(sample.sample_index)
+        pairs[(sample.rollout_id, sample.attempt_id)] = None
+    return list(pairs)

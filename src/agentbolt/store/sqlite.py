@@ -45,6 +45,7 @@ from agentbolt.types import (
     RolloutMode,
     RolloutStatus,
     Span,
+    TrainedSample,
     Worker,
 )
 
@@ -622,6 +623,37 @@ class SqliteLightningStore:
         read = functools.partial(
             schema.METRICS.fetch_all, clauses=f"{where} ORDER BY train_step, metric_seq", params=params
         )
+        return await self._run(self._read, read)
+
+    # ----------------------------------------------------------------- trained samples
+    async def put_trained_samples(self, train_step: int, samples: Sequence[TrainedSample]) -> None:
+        """Record a step's trained samples in one transaction, replacing the step's earlier record. Raises
+        ConfigError, NotFoundError (see the contract)."""
+        pairs = rules.check_trained_samples(train_step, samples)
+
+        def write(conn: sqlite3.Connection) -> None:
+            with schema.transaction(conn, write=True):
+                for rollout_id, attempt_id in pairs:
+                    schema.get_attempt(conn, rollout_id, attempt_id)
+                conn.execute("DELETE FROM trained_samples WHERE train_step = ?", (train_step,))
+                schema.TRAINED_SAMPLES.insert(conn, samples)
+
+        await self._run(write)
+
+    async def query_trained_samples(
+        self, *, rollout_id: str | None = None, train_step: int | None = None
+    ) -> list[TrainedSample]:
+        """Recorded trained samples matching the filters, by ``train_step`` then ``sample_index``."""
+        where: list[str] = []
+        params: list[Any] = []
+        if rollout_id is not None:
+            where.append("rollout_id = ?")
+            params.append(rollout_id)
+        if train_step is not None:
+            where.append("train_step = ?")
+            params.append(train_step)
+        clauses = ("WHERE " + " AND ".join(where) if where else "") + " ORDER BY train_step, sample_index"
+        read = functools.partial(schema.TRAINED_SAMPLES.fetch_all, clauses=clauses, params=params)
         return await self._run(self._read, read)
 
     async def close(self) -> None:

@@ -132,6 +132,30 @@ MIGRATIONS: tuple[Migration, ...] = (
     # The dashboard's rollout search (agentbolt.store.sqlite_search): reward ranges and the final_reward sort read
     # this index instead of sorting every row. A rollout's reward is written once, when it ends.
     Migration(3, ("CREATE INDEX rollouts_by_reward ON rollouts (final_reward)",)),
+    # What each update trained on (agentbolt.types.TrainedSample): token ids stay in the spans; a step's rows are
+    # replaced together; the dashboard reads a rollout's rows by rollout_id.
+    Migration(
+        4,
+        (
+            """CREATE TABLE trained_samples (
+                train_step INTEGER NOT NULL,
+                sample_index INTEGER NOT NULL,
+                rollout_id TEXT NOT NULL,
+                attempt_id TEXT NOT NULL REFERENCES attempts (attempt_id),
+                calls TEXT NOT NULL,
+                loss_mask_ranges TEXT NOT NULL,
+                advantage REAL NOT NULL,
+                token_advantages TEXT,
+                token_returns TEXT,
+                sampling_temperature REAL NOT NULL,
+                trained INTEGER NOT NULL,
+                advantage_estimator TEXT NOT NULL,
+                credit_assignment TEXT NOT NULL,
+                PRIMARY KEY (train_step, sample_index)
+            )""",
+            "CREATE INDEX trained_samples_by_rollout ON trained_samples (rollout_id)",
+        ),
+    ),
 )
 
 
@@ -321,8 +345,9 @@ SPANS = Table.of(tables.SPANS)
 RESOURCES = Table.of(tables.RESOURCES)
 WORKERS = Table.of(tables.WORKERS)
 METRICS = Table.of(tables.METRICS)
+TRAINED_SAMPLES = Table.of(tables.TRAINED_SAMPLES)
 
-TABLES: tuple[Table[Any], ...] = (ROLLOUTS, ATTEMPTS, SPANS, RESOURCES, WORKERS, METRICS)
+TABLES: tuple[Table[Any], ...] = (ROLLOUTS, ATTEMPTS, SPANS, RESOURCES, WORKERS, METRICS, TRAINED_SAMPLES)
 
 
 # ---------------------------------------------------------------------- lookups used by the store

@@ -16,7 +16,7 @@ from typing import Any, Final, Generic, TypeVar
 from pydantic import BaseModel
 
 from agentbolt.store import rules
-from agentbolt.types import Attempt, Metric, ResourcesUpdate, Rollout, Span, Worker
+from agentbolt.types import Attempt, Metric, ResourcesUpdate, Rollout, Span, TrainedSample, Worker
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -110,8 +110,30 @@ WORKERS: Final = TableSpec(
     key="worker_id",
 )
 METRICS: Final = TableSpec("metrics", Metric, ("name", "train_step", "value", "time"))
+TRAINED_SAMPLES: Final = TableSpec(
+    "trained_samples",
+    TrainedSample,
+    (
+        "train_step",
+        "sample_index",
+        "rollout_id",
+        "attempt_id",
+        "calls",
+        "loss_mask_ranges",
+        "advantage",
+        "token_advantages",
+        "token_returns",
+        "sampling_temperature",
+        "trained",
+        "advantage_estimator",
+        "credit_assignment",
+    ),
+    frozenset({"calls", "loss_mask_ranges", "token_advantages", "token_returns"}),
+    nullable_json=frozenset({"token_advantages", "token_returns"}),
+)
+"""What each update trained on (:class:`~agentbolt.types.TrainedSample`); a step's rows are replaced together."""
 
-TABLES: Final[tuple[TableSpec[Any], ...]] = (ROLLOUTS, ATTEMPTS, SPANS, RESOURCES, WORKERS, METRICS)
+TABLES: Final[tuple[TableSpec[Any], ...]] = (ROLLOUTS, ATTEMPTS, SPANS, RESOURCES, WORKERS, METRICS, TRAINED_SAMPLES)
 
 ENQUEUE_SEQ: Final = "enqueue_seq"
 """The rollouts column that records enqueue order (an auto-increment key in both databases)."""

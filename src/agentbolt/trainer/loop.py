@@ -45,6 +45,7 @@ from agentbolt.errors import ConfigError
 from agentbolt.server.gateway.swap import WeightSwapGate
 from agentbolt.store.base import EnqueueRequest, LightningStore
 from agentbolt.trainer.batch import StalenessSettings, samples_for_step, select_trajectories
+from agentbolt.trainer.trained_record import record_trained_batch
 from agentbolt.types import (
     LLM,
     Attempt,
@@ -444,6 +445,11 @@ class RLTrainer:
             values = await asyncio.to_thread(self._value_head().values, samples)
             samples = rollout_gae(samples, values, gamma=self.config.gae_gamma, lam=self.config.gae_lambda)
             gae_s = time.perf_counter() - t_gae
+
+        # What this update trains on goes to the store (shown by the dashboard and `agentbolt export --kind rl`).
+        await record_trained_batch(
+            self.store, train_step, samples, trajectories, config=self.config, staleness=staleness
+        )
 
         t1 = time.perf_counter()
         if self.sync_weights is None:  # the backend serves the trained module itself: no generation during the update

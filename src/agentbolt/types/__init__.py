@@ -15,7 +15,7 @@ from agentbolt.types.core import (
 )
 from agentbolt.types.resources import LLM, PromptTemplate, Resource, ResourcesUpdate
 from agentbolt.types.spans import Span, SpanStatus
-from agentbolt.types.training import Trajectory, TrajectoryFlag, Transition
+from agentbolt.types.training import TrainedCall, TrainedSample, Trajectory, TrajectoryFlag, Transition
 
 __all__ = [
     "LLM",
@@ -34,6 +34,8 @@ __all__ = [
     "RolloutStatus",
     "Span",
     "SpanStatus",
+    "TrainedCall",
+    "TrainedSample",
     "Trajectory",
     "TrajectoryFlag",
     "Transition",

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentbolt.types.core import AttemptStatus, Metric, RolloutConfig, RolloutMode
 from agentbolt.types.resources import Resource
 from agentbolt.types.spans import Span
+from agentbolt.types.training import TrainedSample
 
 
 class _Body(BaseModel):
@@ -83,6 +84,13 @@ class MetricsBody(_Body):
     """``POST /v1/metrics``."""
 
     metrics: list[Metric]
+
+
+class TrainedSamplesBody(_Body):
+    """``POST /v1/trained-samples``: the samples one training step's update received (replacing any stored for it)."""
+
+    train_step: int = Field(ge=0)
+    samples: list[TrainedSample]
 
 
 class ErrorBody(BaseModel):

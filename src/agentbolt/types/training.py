@@ -6,6 +6,8 @@ token ids the model generated, with the sampling logprob of each response token 
 
 from __future__ import annotations
 
+import itertools
+import math
 from enum import StrEnum
 from typing import Any, Final
 
@@ -103,3 +105,120 @@ class Trajectory(BaseModel):
     def trainable(self) -> bool:
         """True when it has a final reward, at least one transition, and no flag."""
         return self.final_reward is not None and bool(self.transitions) and not self.flags
+
+
+class TrainedCall(BaseModel):
+    """One LLM call merged into a :class:`TrainedSample`, located by token offsets.
+
+    The tokens are not stored again: they are the gateway span's. With ``input_ids`` the sample's tokens,
+    ``input_ids[:response_start]`` is this call's prompt and ``input_ids[response_start:response_end]`` its response
+    (the span's ``prompt_token_ids`` and ``response_token_ids``); the last call's prompt + response is the whole
+    sample, so its length is ``calls[-1].response_end``.
+
+    Attributes:
+        span_id: the gateway LLM span of the call.
+        response_start / response_end: ``[start, end)`` positions of the call's response tokens in the sample.
+        reward: the reward credit assignment gave the call (``None``: none was given).
+        staleness: how many weights versions the call's weights were behind the trainer's when it trained
+            (:mod:`agentbolt.algorithms.rl.staleness`); ``None`` under synchronous training, or for a version the
+            trainer never published (then ``staleness_weight`` is 0).
+        staleness_weight: what the staleness rule multiplied the call's advantage by: 1.0 for a fresh call, 0.0 for a
+            dropped one (its loss mask is 0, it is context only), in between under ``stale_policy: reweight``.
+    """
+
+    span_id: str
+    response_start: int = Field(ge=1)
+    response_end: int = Field(ge=1)
+    reward: float | None = Field(default=None, allow_inf_nan=False)
+    staleness: int | None = Field(default=None, ge=0)
+    staleness_weight: float = Field(default=1.0, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> TrainedCall:
+        if self.response_end < self.response_start:
+            raise ValueError(f"call {self.span_id}: response_end {self.response_end} < response_start")
+        return self
+
+
+class TrainedSample(BaseModel):
+    """One training sample exactly as a policy update received it, by reference to the recorded calls.
+
+    Written by the trainer before each update (:mod:`agentbolt.trainer.trained_record`) and kept by the store
+    (:meth:`~agentbolt.store.base.LightningStore.put_trained_samples`), so the dashboard and ``agentbolt export``
+    show the advantages, loss masks and sample boundaries the update used rather than a recomputation. Token ids and
+    logprobs stay in the LLM spans (:class:`TrainedCall`); the sample's length is ``L = calls[-1].response_end``.
+
+    Attributes:
+        train_step: the training step whose update received it.
+        sample_index: its position in that update's batch (0-based).
+        rollout_id / attempt_id: the rollout and the attempt whose calls it holds.
+        calls: the merged calls, in order (at least one; several when calls extended each other).
+        loss_mask_ranges: ``[start, end)`` runs of positions where the loss mask is 1 (trained tokens), sorted and
+            disjoint, within ``[1, L]``; the loss mask is 0 elsewhere.
+        advantage: the advantage of every trained token (group estimators; after any staleness reweighting); 0.0
+            under ``gae``, whose advantages are per token.
+        token_advantages / token_returns: ``gae`` only: the advantage and value target of each trained token, in
+            position order (one per position of ``loss_mask_ranges``); ``None`` for other estimators.
+        sampling_temperature: the temperature the calls were sampled at (1.0 for greedy calls).
+        trained: whether the update could learn from it: False when it was skipped for an advantage of exactly 0
+            (a group whose rollouts all scored the same), as the torch backend does.
+        advantage_estimator / credit_assignment: the trainer's settings that produced ``advantage``.
+    """
+
+    train_step: int = Field(ge=0)
+    sample_index: int = Field(ge=0)
+    rollout_id: str
+    attempt_id: str
+    calls: list[TrainedCall] = Field(min_length=1)
+    loss_mask_ranges: list[tuple[int, int]]
+    advantage: float = Field(allow_inf_nan=False)
+    token_advantages: list[float] | None = None
+    token_returns: list[float] | None = None
+    sampling_temperature: float = Field(default=1.0, gt=0)
+    trained: bool = True
+    advantage_estimator: str
+    credit_assignment: str
+
+    @property
+    def n_tokens(self) -> int:
+        """``L``, the sample's length: the end of its last call's response."""
+        return self.calls[-1].response_end
+
+    def trained_positions(self) -> list[int]:
+        """The positions where the loss mask is 1, in order."""
+        return [k for start, end in self.loss_mask_ranges for k in range(start, end)]
+
+    def loss_mask(self) -> list[int]:
+        """The ``(L,)`` loss mask (1 on trained tokens)."""
+        mask = [0] * self.n_tokens
+        for k in self.trained_positions():
+            mask[k] = 1
+        return mask
+
+    def advantages_by_position(self) -> dict[int, float]:
+        """The advantage applied at each trained position: ``advantage`` everywhere, or the per-token ``gae`` one."""
+        positions = self.trained_positions()
+        if self.token_advantages is None:
+            return dict.fromkeys(positions, self.advantage)
+        return dict(zip(positions, self.token_advantages, strict=True))
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainedSample:
+        where = f"trained sample {self.sample_index} of step {self.train_step} (rollout {self.rollout_id})"
+        for before, after in itertools.pairwise(self.calls):
+            if after.response_start < before.response_end:
+                raise ValueError(f"{where}: calls must be in order, each response after the previous one")
+        previous_end = 1
+        for start, end in self.loss_mask_ranges:
+            if not previous_end <= start < end <= self.n_tokens:
+                raise ValueError(
+                    f"{where}: loss_mask_ranges must be sorted, disjoint, non-empty [start, end) runs within "
+                    f"[1, {self.n_tokens}], got {self.loss_mask_ranges}"
+                )
+            previous_end = end
+        n_trained = sum(end - start for start, end in self.loss_mask_ranges)
+        for name in ("token_advantages", "token_returns"):
+            values = getattr(self, name)
+            if values is not None and (len(values) != n_trained or not all(math.isfinite(v) for v in values)):
+                raise ValueError(f"{where}: {name} must hold one finite value per trained token ({n_trained})")
+        return self

@@ -28,6 +28,21 @@ from agentbolt.types import Trajectory, Transition
 
 
 @dataclass(frozen=True)
+class SampleCall:
+    """Where one LLM call sits in a :class:`TrainingSample`: its prompt is ``input_ids[:response_start]`` and its
+    response ``input_ids[response_start:response_end]``.
+
+    Attributes:
+        span_id: the gateway LLM span of the call (``Transition.span_id``).
+        response_start / response_end: ``[start, end)`` positions of its response tokens in the sample.
+    """
+
+    span_id: str | None
+    response_start: int
+    response_end: int
+
+
+@dataclass(frozen=True)
 class TrainingSample:
     """One sequence to train on.
 
@@ -48,6 +63,9 @@ class TrainingSample:
         token_advantages / token_returns: ``(L,)`` per-token GAE advantages and value targets, 0 where
             ``loss_mask`` is 0 (:func:`agentbolt.algorithms.rl.ppo_gae.rollout_gae`); when set, the trainer uses
             ``token_advantages`` instead of ``advantage`` and regresses its value head on ``token_returns``.
+        calls: the LLM calls merged into it, in order (:func:`merge_transitions` sets them; empty for a sample made
+            another way, e.g. read back from an export); the trainer ignores them, the store's record of what was
+            trained keeps them (:class:`~agentbolt.types.TrainedSample`).
 
     Raises:
         ConfigError: (on construction) the lists differ in length, ``loss_mask`` has a value other than 0/1
@@ -63,6 +81,7 @@ class TrainingSample:
     token_rewards: list[float] | None = None
     token_advantages: list[float] | None = None
     token_returns: list[float] | None = None
+    calls: tuple[SampleCall, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
@@ -89,6 +108,14 @@ class TrainingSample:
                 f"sample of rollout {self.rollout_id}: sampling_temperature must be > 0, got "
                 f"{self.sampling_temperature} (use 1.0 for greedy calls)"
             )
+        end = 1
+        for call in self.calls:
+            if not end <= call.response_start <= call.response_end <= n:
+                raise ConfigError(
+                    f"sample of rollout {self.rollout_id}: calls must be in order, each response within the sample's "
+                    f"{n} tokens and after the previous one, got {self.calls}"
+                )
+            end = call.response_end
 
     @property
     def n_tokens(self) -> int:
@@ -142,6 +169,7 @@ def samples_from_trajectories(
                     advantage=advantage,
                     rollout_id=trajectory.rollout_id,
                     sampling_temperature=float(temperature) if temperature else 1.0,
+                    calls=(SampleCall(transition.span_id, n_prompt, n_prompt + n_response),),
                 )
             )
     return samples
@@ -184,8 +212,9 @@ def merge_transitions(
             response token in the samples' ``token_rewards`` (``None``: no token rewards).
 
     Returns:
-        The samples, in order; a sample with no trained token at all is left out, and its step rewards move to the
-        last trained token of the previous sample (or, when there is none, the first trained token of the next).
+        The samples, in order, each with the ``calls`` merged into it (span ids and response offsets); a sample with
+        no trained token at all is left out, and its step rewards move to the last trained token of the previous
+        sample (or, when there is none, the first trained token of the next).
 
     Raises:
         ConfigError: lengths differ, or a transition has an empty prompt.
@@ -203,6 +232,7 @@ def merge_transitions(
     mask: list[int] = []
     logprobs: list[float] = []
     token_rewards: list[float] = []
+    calls: list[SampleCall] = []
     advantage = 0.0
     temperature = 1.0
 
@@ -232,7 +262,14 @@ def merge_transitions(
                 carried = 0.0
         samples.append(
             TrainingSample(
-                list(ids), list(mask), list(logprobs), advantage, rollout_id, temperature, token_rewards=rewards
+                list(ids),
+                list(mask),
+                list(logprobs),
+                advantage,
+                rollout_id,
+                temperature,
+                token_rewards=rewards,
+                calls=tuple(calls),
             )
         )
 
@@ -252,13 +289,14 @@ def merge_transitions(
         )
         if not extends:
             flush()
-            ids, mask, logprobs, token_rewards = [], [], [], []
+            ids, mask, logprobs, token_rewards, calls = [], [], [], [], []
             advantage, temperature = float(advantages_T[k]), _temperature(transition)
         added = len(prompt) - len(ids)
         ids.extend(prompt[len(ids) :])
         mask.extend([0] * added)
         logprobs.extend([0.0] * added)
         token_rewards.extend([0.0] * added)
+        calls.append(SampleCall(transition.span_id, len(ids), len(ids) + len(transition.response_token_ids)))
         ids.extend(transition.response_token_ids)
         on = 1 if trained[k] else 0
         n_response = len(transition.response_token_ids)
