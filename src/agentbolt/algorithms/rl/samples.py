@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agentbolt.errors import ConfigError
 from agentbolt.types import Trajectory, Transition
@@ -64,8 +64,8 @@ class TrainingSample:
             ``loss_mask`` is 0 (:func:`agentbolt.algorithms.rl.ppo_gae.rollout_gae`); when set, the trainer uses
             ``token_advantages`` instead of ``advantage`` and regresses its value head on ``token_returns``.
         calls: the LLM calls merged into it, in order (:func:`merge_transitions` sets them; empty for a sample made
-            another way, e.g. read back from an export); the trainer ignores them, the store's record of what was
-            trained keeps them (:class:`~agentbolt.types.TrainedSample`).
+            another way, e.g. read back from an export); provenance only: the trainer ignores them, equality does
+            too, and the store's record of what was trained keeps them (:class:`~agentbolt.types.TrainedSample`).
 
     Raises:
         ConfigError: (on construction) the lists differ in length, ``loss_mask`` has a value other than 0/1
@@ -81,7 +81,7 @@ class TrainingSample:
     token_rewards: list[float] | None = None
     token_advantages: list[float] | None = None
     token_returns: list[float] | None = None
-    calls: tuple[SampleCall, ...] = ()
+    calls: tuple[SampleCall, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
