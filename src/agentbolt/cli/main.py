@@ -284,11 +284,11 @@ def demo(
 ) -> None:
     """Train the calculator agent with GRPO on this machine and report validation accuracy before and after."""
     from agentbolt.config import GRPOConfig
-    from agentbolt.trainer.demo import DemoConfig, run_demo
+    from agentbolt.trainer.demo import TrainConfig, run_training
 
     logging.basicConfig(level=logging.WARNING)
     try:
-        config = DemoConfig(
+        config = TrainConfig(
             out_dir=out,
             model=model,
             grpo=GRPOConfig(steps=steps, tasks_per_step=tasks_per_step, group_size=group_size, seed=seed),
@@ -296,7 +296,7 @@ def demo(
             overwrite=overwrite,
             device=device,
         )
-        _run_job(run_demo(config, console))
+        _run_job(run_training(config, console))
     except (AgentboltError, ValidationError) as exc:
         _fail(exc)
 
@@ -310,12 +310,16 @@ def train(
         help="override one setting, as dotted.key=value (repeatable), e.g. --set grpo.advantage_estimator=rloo",
     ),
     out: Path | None = typer.Option(None, help="output directory (overrides out_dir of the file)"),
-    overwrite: bool = typer.Option(False, help="replace an existing OUT/store.db"),
+    overwrite: bool = typer.Option(False, help="replace an existing OUT/store.db and OUT/checkpoints"),
+    resume: bool = typer.Option(
+        False, help="RL: continue the run in OUT from its newest complete checkpoint, on the same store"
+    ),
 ) -> None:
-    """Train an agent on this machine from a YAML config: LightningRL (writes store.db, summary.json,
-    reward_curve.png), or with algorithm apo / gepa prompt optimization (writes store.db, summary.json, the best
-    prompt and its diff from the seed)."""
-    from agentbolt.trainer.demo import TrainConfig, load_job_config, run_training
+    """Train an agent on this machine from a YAML config: LightningRL (writes store.db, checkpoints/step-N,
+    summary.json, reward_curve.png), or with algorithm apo / gepa prompt optimization (writes store.db, summary.json,
+    the best prompt and its diff from the seed)."""
+    from agentbolt.errors import ConfigError
+    from agentbolt.trainer.demo import TrainConfig, load_job_config, run_training, validate_settings
     from agentbolt.trainer.prompt_opt import run_prompt_optimization
 
     logging.basicConfig(level=logging.WARNING)
@@ -326,6 +330,10 @@ def train(
         overrides.append("overwrite=true")
     try:
         job = load_job_config(config, overrides)
+        if resume:
+            if not isinstance(job, TrainConfig):
+                raise ConfigError(f"{config}: --resume continues an RL run; a prompt-optimization job cannot resume")
+            job = validate_settings(TrainConfig, {**job.model_dump(), "resume": True}, config)
         if isinstance(job, TrainConfig):
             _run_job(run_training(job, console))
         else:
@@ -474,6 +482,56 @@ def inspect(
         asyncio.run(main())
     except AgentboltError as exc:
         _fail(exc)
+
+
+@app.command(name="export-model")
+def export_model(
+    checkpoint: Path = typer.Argument(..., help="a checkpoint folder written by a training run: OUT/checkpoints/step-N"),
+    out: Path = typer.Option(..., help="the folder to write (a Hugging Face model folder)"),
+    gguf: bool = typer.Option(False, "--gguf", help="also write model.gguf for llama.cpp / Ollama (embedded models)"),
+    gguf_dtype: str = typer.Option("f16", help="weight type of the GGUF: f16 (widest support) or bf16 (bit-exact)"),
+    overwrite: bool = typer.Option(False, help="replace OUT if it exists and is not empty"),
+) -> None:
+    """Merge a checkpoint's LoRA adapter into its base model and write a model folder that plain transformers loads
+    (and, with --gguf, a GGUF for llama.cpp and Ollama): the weights the agent was served during training."""
+    from agentbolt.trainer.export_model import GGUF_FILE, export_merged_model
+
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        with console.status(f"merging {checkpoint} into its base model"):
+            result = export_merged_model(
+                checkpoint,
+                out,
+                gguf=gguf,
+                gguf_dtype=gguf_dtype,  # type: ignore[arg-type]  # checked by export_merged_model
+                overwrite=overwrite,
+            )
+    except AgentboltError as exc:
+        _fail(exc)
+        return
+    console.print(
+        f"wrote {result.out_dir} ({result.size_bytes / 1e6:.0f} MB, {result.duration_s:.1f} s): {result.model} with "
+        f"the LoRA adapter of {result.checkpoint_dir} merged into {result.merged_tensors} weight matrices"
+    )
+    console.print("  " + ", ".join(result.files))
+    console.print("load it with transformers:")
+    console.print(
+        "  from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+        f"  model = AutoModelForCausalLM.from_pretrained({str(result.out_dir)!r})\n"
+        f"  tokenizer = AutoTokenizer.from_pretrained({str(result.out_dir)!r})",
+        markup=False,
+        highlight=False,
+    )
+    if result.gguf_file is not None:
+        console.print(f"the GGUF ({result.gguf_dtype}): {result.gguf_file}")
+        console.print(f"  llama.cpp: llama-cli -m {result.gguf_file}", markup=False, highlight=False)
+        console.print(
+            f"  Ollama: a Modelfile with the line 'FROM {result.gguf_file}', then ollama create NAME -f Modelfile",
+            markup=False,
+            highlight=False,
+        )
+    else:
+        console.print(f"  (for llama.cpp / Ollama, export with --gguf: it adds {GGUF_FILE})", highlight=False)
 
 
 if __name__ == "__main__":

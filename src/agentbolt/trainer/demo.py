@@ -13,22 +13,26 @@ import dataclasses
 import importlib
 import json
 import logging
+import math
 import resource
+import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from agentbolt.config import GRPOConfig, _Config
 from agentbolt.errors import ConfigError
+from agentbolt.trainer.checkpoint import CheckpointConfig
 
 if TYPE_CHECKING:
+    from agentbolt.trainer.checkpoint import CheckpointInfo
     from agentbolt.trainer.loop import StepResult
     from agentbolt.trainer.prompt_opt import PromptOptConfig
 
@@ -65,6 +69,12 @@ class TrainConfig(_Config):
         agent_match: regular expression over agent names; only the matching agents' LLM calls are trained
             (``None``: all of them).
         device: where the model is served and trained (``cpu``, ``cuda``, ``cuda:N``).
+        checkpoint: when checkpoints ``out_dir/checkpoints/step-N`` are written and which are kept
+            (:class:`~agentbolt.trainer.checkpoint.CheckpointConfig`).
+        eval_every: also evaluate on the validation sets after every ``eval_every`` steps (``None``: only before and
+            after training); each such checkpoint records its accuracy, and the best one is kept.
+        resume: continue the run in ``out_dir`` from its newest complete checkpoint, on the same store
+            (``agentbolt train --resume``).
     """
 
     algorithm: Literal["lightningrl"] = "lightningrl"
@@ -86,16 +96,21 @@ class TrainConfig(_Config):
     agent: str = DEFAULT_AGENT
     agent_match: str | None = None
     device: str = "cpu"
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    eval_every: int | None = Field(default=None, ge=1)
+    resume: bool = False
+
+    @model_validator(mode="after")
+    def _resume_or_overwrite(self) -> TrainConfig:
+        if self.resume and self.overwrite:
+            raise ValueError("resume and overwrite exclude each other: --resume continues OUT, --overwrite replaces it")
+        return self
 
 
 def _peak_rss_mb() -> dict[str, float]:
     self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     child_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return {"trainer_and_server_mb": self_kb / 1024, "largest_child_mb": child_kb / 1024}
-
-
-DemoConfig = TrainConfig
-"""The settings of ``agentbolt demo`` are those of ``agentbolt train``."""
 
 
 def check_device(device: str) -> None:
@@ -288,13 +303,66 @@ def plot_reward_curve(
     plt.close(fig)
 
 
+def step_row(result: StepResult) -> dict[str, Any]:
+    """The figures of one step that the summary and a checkpoint keep (JSON-serializable)."""
+    staleness = None
+    if result.staleness is not None:
+        staleness = {
+            "by_staleness": result.staleness.by_staleness,
+            "dropped": result.staleness.n_dropped,
+            "reweighted": result.staleness.n_reweighted,
+        }
+    return {
+        "train_step": result.train_step,
+        "reward_mean": result.reward_mean,
+        "reward_std": result.reward_std,
+        "n_rollouts": result.n_rollouts,
+        "n_failed": result.n_failed,
+        "n_infra_failed": result.n_infra_failed,
+        "n_transitions": result.n_transitions,
+        "n_samples": result.n_samples,
+        "rollout_s": result.rollout_s,
+        "wait_s": result.wait_s,
+        "update_s": result.update_s,
+        "update_stats": {k: v for k, v in result.update_stats.items() if math.isfinite(v)},
+        "staleness": staleness,
+    }
+
+
+def _check_resume(config: TrainConfig) -> tuple[Path, CheckpointInfo | None]:
+    """The store to reuse and the checkpoint to resume from (``None``: the run died before its first checkpoint,
+    so it restarts at step 1 on the same store); partial checkpoint folders are deleted.
+
+    Raises:
+        ConfigError: ``out_dir`` holds no store (nothing to resume), or the checkpoint was trained from another model.
+    """
+    from agentbolt.trainer.checkpoint import latest_checkpoint, remove_partial
+
+    db_path = config.out_dir / "store.db"
+    if not db_path.is_file():
+        raise ConfigError(f"nothing to resume in {config.out_dir}: it has no store.db; run without --resume")
+    remove_partial(config.out_dir)
+    info = latest_checkpoint(config.out_dir)
+    if info is not None and info.model != config.model:
+        raise ConfigError(
+            f"{info.path} was trained from model {info.model!r}, not {config.model!r}; resume with --set "
+            f"model={info.model} or start a new run in another --out"
+        )
+    return db_path, info
+
+
 async def run_training(config: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     """Run the whole job and return the summary (also written to ``out_dir/summary.json``).
 
+    Writes a checkpoint after every ``checkpoint.every`` steps and the last (:mod:`agentbolt.trainer.checkpoint`).
+    With ``config.resume`` the job continues the run in ``out_dir`` from its newest complete checkpoint, on the same
+    store: rollouts a killed run left unfinished are cancelled, the adapter, optimizer and loop state are loaded, and
+    steps go on from the checkpoint's step + 1 (the summary and curves hold every step once).
+
     Raises:
         ConfigError: an unknown model name, bad torch trainer settings, an existing store without ``overwrite``, the
-            tasks module not importable (the calc example outside a clone of the repository), or a bad
-            ``agent_match`` pattern; all before anything is written.
+            tasks module not importable (the calc example outside a clone of the repository), a bad
+            ``agent_match`` pattern, or (``resume``) nothing to resume; all before anything is written.
     """
     console = console or Console()
     t_start = time.perf_counter()
@@ -304,7 +372,13 @@ async def run_training(config: TrainConfig, console: Console | None = None) -> d
     from agentbolt.algorithms.rl.torch_backend import TorchTrainerConfig
     from agentbolt.inference.model_files import get_model_spec
     from agentbolt.runner.processes import load_agent
-    from agentbolt.trainer.local import fresh_db_path, local_training
+    from agentbolt.trainer.checkpoint import (
+        RunCheckpointer,
+        cancel_unfinished,
+        ensure_checkpoint_published,
+        restore_missing_metrics,
+    )
+    from agentbolt.trainer.local import fresh_db_path, local_training, resolve_model
 
     if not Path(config.model).is_dir():
         get_model_spec(config.model)  # an unknown name fails here, before anything is written
@@ -322,10 +396,14 @@ async def run_training(config: TrainConfig, console: Console | None = None) -> d
     check_device(config.device)
     tasks_mod = load_tasks_module(config.tasks)
     load_agent(config.agent)  # an agent that does not import fails here, before --overwrite removes a store
-    db_path = fresh_db_path(config.out_dir, overwrite=config.overwrite)
+    resume_info: CheckpointInfo | None = None
+    if config.resume:
+        db_path, resume_info = _check_resume(config)
+    else:
+        db_path = fresh_db_path(config.out_dir, overwrite=config.overwrite)
 
     train_tasks = tasks_mod.load_train_tasks(size=config.train_size)
-    evaluating = config.val_size != 0 and (config.eval_before or config.eval_after)
+    evaluating = config.val_size != 0 and (config.eval_before or config.eval_after or config.eval_every)
     val_sets: dict[str, list[dict[str, Any]]] = tasks_mod.load_val_sets(n_per_set=config.val_size) if evaluating else {}
     grpo = config.grpo
     console.print(
@@ -355,6 +433,15 @@ async def run_training(config: TrainConfig, console: Console | None = None) -> d
             f"failed {result.n_failed}  infra {result.n_infra_failed}{stale}"
         )
 
+    # What the job keeps across a resume (also in every checkpoint's job state).
+    job: dict[str, Any] = {"steps": [], "val_before": {}, "eval_before_done": False, "timing_s": {}}
+    if resume_info is not None:
+        job.update(json.loads(json.dumps(resume_info.job)))
+        if resume_info.step < grpo.steps and "val_after" in job:
+            # the run goes on past the step that was evaluated last: that result becomes a mid-run evaluation
+            job.setdefault("val_during", {})[str(resume_info.step)] = job.pop("val_after")
+    first_step = 1 if resume_info is None else resume_info.step + 1
+
     async with local_training(
         model=config.model,
         db_path=db_path,
@@ -369,30 +456,77 @@ async def run_training(config: TrainConfig, console: Console | None = None) -> d
         agent_match=config.agent_match,
         console=console,
         device=config.device,
+        resume_from=None if resume_info is None else resume_info.path,
     ) as local:
         trainer, store, backend = local.trainer, local.store, local.backend
+        if config.resume:
+            cancelled = await cancel_unfinished(store)
+            where = "from the start" if resume_info is None else f"from {resume_info.path} (step {resume_info.step})"
+            console.print(f"resuming {where}; {len(cancelled)} unfinished rollouts of the stopped run cancelled")
+        if resume_info is not None:
+            trainer.load_state_dict(resume_info.loop)
+            trainer.checkpoint_paths[resume_info.model_version] = str(resume_info.path)
+            await restore_missing_metrics(store, resume_info)
+            await ensure_checkpoint_published(trainer, resume_info)
         n_val = sum(len(v) for v in val_sets.values())
-        val_before: dict[str, float] = {}
-        val_after: dict[str, float] = {}
-        eval_before_s = eval_after_s = 0.0
-        with progress:
-            if val_sets and config.eval_before:
-                t0 = time.perf_counter()
-                val_before = await trainer.evaluate(val_sets, on_progress=tracker("eval before", n_val), label="before")
-                eval_before_s = time.perf_counter() - t0
-            t_train = time.perf_counter()
-            steps = await trainer.train(
-                train_tasks,
-                on_step_start=lambda step, total: tracker(f"step {step}: rollouts", total),
-                on_step_end=report,
+
+        async def evaluate_at(step: int) -> dict[str, float]:
+            accuracy = await trainer.evaluate(
+                val_sets, on_progress=tracker(f"eval step {step}", n_val), label=f"step-{step}"
             )
-            train_s = time.perf_counter() - t_train
-            if val_sets and config.eval_after:
+            job.setdefault("val_during", {})[str(step)] = accuracy
+            return accuracy
+
+        checkpointer = RunCheckpointer(
+            config.out_dir,
+            config.checkpoint,
+            trainer=trainer,
+            save_files=local.updater.save_state,
+            model=config.model,
+            base_model_dir=resolve_model(config.model),
+            config_yaml=dump_config_yaml(config),
+            last_step=grpo.steps,
+            job_state=lambda: json.loads(json.dumps(job)),
+            evaluate=evaluate_at if val_sets and config.eval_every else None,
+            eval_every=config.eval_every,
+        )
+
+        def record(result: StepResult) -> None:
+            report(result)
+            job["steps"].append(step_row(result))
+
+        timing = job["timing_s"]
+        with progress:
+            if val_sets and config.eval_before and not job["eval_before_done"]:
+                t0 = time.perf_counter()
+                job["val_before"] = await trainer.evaluate(
+                    val_sets, on_progress=tracker("eval before", n_val), label="before"
+                )
+                job["eval_before_done"] = True
+                timing["eval_before"] = time.perf_counter() - t0
+            t_train = time.perf_counter()
+            await trainer.train(
+                train_tasks,
+                first_step=first_step,
+                on_step_start=lambda step, total: tracker(f"step {step}: rollouts", total),
+                on_step_end=record,
+                after_step=checkpointer.after_step,
+            )
+            timing["train"] = timing.get("train", 0.0) + time.perf_counter() - t_train
+            last = checkpointer.written[-1] if checkpointer.written else None
+            if last is None and resume_info is not None and resume_info.step >= grpo.steps:
+                last = resume_info.path  # every step was done before the stop: only the evaluation is left
+            if val_sets and config.eval_after and "val_after" not in job:
                 t1 = time.perf_counter()
-                val_after = await trainer.evaluate(val_sets, on_progress=tracker("eval after", n_val), label="after")
-                eval_after_s = time.perf_counter() - t1
+                job["val_after"] = await trainer.evaluate(
+                    val_sets, on_progress=tracker("eval after", n_val), label="after"
+                )
+                timing["eval_after"] = time.perf_counter() - t1
+            if last is not None:
+                await checkpointer.finish(last, val_accuracy=job.get("val_after"))
+            else:
+                await trainer.flush_metrics()
         n_rollouts = len(await store.query_rollouts())
-        train_reward = [s.reward_mean for s in steps]
         gen = backend.stats
         counters = {
             "generated_tokens": gen.generated_tokens,
@@ -403,53 +537,94 @@ async def run_training(config: TrainConfig, console: Console | None = None) -> d
             "mean_batch_size": gen.mean_batch_size,
         }
         gate = trainer.swap_gate
-        summary: dict[str, Any] = {
-            "steps": grpo.steps,
-            "advantage_estimator": grpo.advantage_estimator,
-            "credit_assignment": grpo.credit_assignment,
-            "async_rollouts": grpo.async_rollouts,
-            "train_reward": train_reward,
-            "train_reward_std": [s.reward_std for s in steps],
-            "val_accuracy_before": val_before,
-            "val_accuracy_after": val_after,
-            "n_rollouts": n_rollouts,
-            "n_transitions": sum(s.n_transitions for s in steps),
-            "wall_seconds": time.perf_counter() - t_start,
-            "model": config.model,
-            "timing_s": {
-                "model_setup": local.model_setup_s,
-                "eval_before": eval_before_s,
-                "train": train_s,
-                "eval_after": eval_after_s,
-                "per_step_rollouts": [s.rollout_s for s in steps],
-                "per_step_wait": [s.wait_s for s in steps],
-                "per_step_update": [s.update_s for s in steps],
-            },
-            "staleness": [
-                None
-                if s.staleness is None
-                else {
-                    "by_staleness": s.staleness.by_staleness,
-                    "dropped": s.staleness.n_dropped,
-                    "reweighted": s.staleness.n_reweighted,
-                }
-                for s in steps
-            ],
-            "weight_swaps": None if gate is None else dataclasses.asdict(gate.stats),
-            "update_stats": [s.update_stats for s in steps],
-            "generation": counters,
-            "peak_rss": _peak_rss_mb(),
-            "config": json.loads(config.model_dump_json()),
-        }
+        model_setup_s = local.model_setup_s
 
+    summary = build_summary(config, job, n_rollouts=n_rollouts, generation=counters)
+    summary["wall_seconds"] = time.perf_counter() - t_start
+    summary["resumed_from_step"] = None if resume_info is None else resume_info.step
+    summary["timing_s"]["model_setup"] = model_setup_s
+    summary["weight_swaps"] = None if gate is None else dataclasses.asdict(gate.stats)
+    summary["checkpoints"] = _checkpoint_rows(config.out_dir)
     (config.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    plot_reward_curve(config.out_dir / "reward_curve.png", summary["train_reward"], val_before, val_after)
+    plot_reward_curve(
+        config.out_dir / "reward_curve.png",
+        summary["train_reward"],
+        summary["val_accuracy_before"],
+        summary["val_accuracy_after"],
+    )
     _print_summary(console, summary)
+    _print_next_steps(console, config, summary)
     return summary
 
 
-run_demo = run_training
-"""``agentbolt demo`` runs the same job as ``agentbolt train``."""
+def dump_config_yaml(config: TrainConfig) -> str:
+    """The resolved settings as YAML (every default filled in); ``agentbolt train`` reads it back."""
+    import yaml
+
+    data = json.loads(config.model_dump_json())
+    data.pop("resume", None)
+    data.pop("overwrite", None)
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def build_summary(
+    config: TrainConfig, job: dict[str, Any], *, n_rollouts: int, generation: dict[str, Any]
+) -> dict[str, Any]:
+    """``summary.json`` from the job state (the steps of every run segment, in order)."""
+    rows = job["steps"]
+    timing = dict(job.get("timing_s", {}))
+    timing["per_step_rollouts"] = [r["rollout_s"] for r in rows]
+    timing["per_step_wait"] = [r["wait_s"] for r in rows]
+    timing["per_step_update"] = [r["update_s"] for r in rows]
+    grpo = config.grpo
+    return {
+        "steps": grpo.steps,
+        "advantage_estimator": grpo.advantage_estimator,
+        "credit_assignment": grpo.credit_assignment,
+        "async_rollouts": grpo.async_rollouts,
+        "train_reward": [r["reward_mean"] for r in rows],
+        "train_reward_std": [r["reward_std"] for r in rows],
+        "step_numbers": [r["train_step"] for r in rows],
+        "val_accuracy_before": job.get("val_before", {}),
+        "val_accuracy_after": job.get("val_after", {}),
+        "val_accuracy_during": job.get("val_during", {}),
+        "n_rollouts": n_rollouts,
+        "n_transitions": sum(r["n_transitions"] for r in rows),
+        "model": config.model,
+        "timing_s": timing,
+        "staleness": [r["staleness"] for r in rows],
+        "update_stats": [r["update_stats"] for r in rows],
+        "generation": generation,
+        "peak_rss": _peak_rss_mb(),
+        "config": json.loads(config.model_dump_json()),
+    }
+
+
+def _checkpoint_rows(out_dir: Path) -> list[dict[str, Any]]:
+    from agentbolt.trainer.checkpoint import list_checkpoints
+
+    return [
+        {"step": info.step, "path": str(info.path), "val_accuracy": info.val_accuracy}
+        for info in list_checkpoints(out_dir)
+    ]
+
+
+def _print_next_steps(console: Console, config: TrainConfig, summary: dict[str, Any]) -> None:
+    """The files the job wrote and the commands that use them."""
+    from agentbolt.trainer.checkpoint import best_checkpoint, list_checkpoints
+
+    out = config.out_dir
+    console.print(f"wrote {out / 'store.db'}, {out / 'summary.json'}, {out / 'reward_curve.png'}")
+    found = list_checkpoints(out)
+    if not found:
+        return
+    console.print("checkpoints: " + ", ".join(f"{info.path.name}" for info in found) + f" (in {out / 'checkpoints'})")
+    chosen = best_checkpoint(found) or found[-1]
+    model = shlex.quote(config.model)
+    console.print("next:")
+    console.print(f"  agentbolt serve --model {model} --adapter {shlex.quote(str(chosen.path))}   # serve it")
+    console.print(f"  agentbolt export-model {shlex.quote(str(chosen.path))} --out {shlex.quote(str(out / 'model'))}")
+    console.print(f"  agentbolt serve --store {shlex.quote(str(out / 'store.db'))}   # dashboard of this run")
 
 
 def _print_summary(console: Console, summary: dict[str, Any]) -> None:

@@ -24,7 +24,7 @@ from agentbolt.config import GRPOConfig
 from agentbolt.errors import BackendError, ConfigError
 
 if TYPE_CHECKING:
-    from agentbolt.algorithms.rl.torch_backend import TorchTrainerConfig
+    from agentbolt.algorithms.rl.torch_backend import TorchPolicyTrainer, TorchTrainerConfig
     from agentbolt.inference.embedded import EmbeddedBackend
     from agentbolt.runner.processes import RunnerPool
     from agentbolt.server.gateway.swap import WeightSwapGate
@@ -42,6 +42,8 @@ class LocalTraining:
         backend: the embedded inference backend (its ``stats`` count generated tokens).
         url: the server's root URL (store API and gateway).
         model_setup_s: seconds spent preparing and loading the model.
+        updater: the torch trainer backend that owns the LoRA policy (``trainer.updater``; ``save_state`` writes a
+            checkpoint's weights).
     """
 
     trainer: RLTrainer
@@ -49,6 +51,7 @@ class LocalTraining:
     backend: EmbeddedBackend
     url: str
     model_setup_s: float
+    updater: TorchPolicyTrainer
 
 
 def resolve_model(model: str | Path) -> Path:
@@ -68,12 +71,18 @@ def resolve_model(model: str | Path) -> Path:
 
 
 def fresh_db_path(out_dir: Path, *, overwrite: bool) -> Path:
-    """``out_dir/store.db``, creating ``out_dir``; an existing store (and its WAL files) is deleted when
-    ``overwrite``.
+    """``out_dir/store.db``, creating ``out_dir``. With ``overwrite`` an existing store (and its WAL files) and the
+    run's checkpoints (``out_dir/checkpoints``) are deleted. A store that holds no rollout (a run that stopped before
+    its first rollout) is replaced without ``overwrite``: it blocks nothing.
 
     Raises:
-        ConfigError: the store exists and ``overwrite`` is false, or ``out_dir`` is a file or cannot be created.
+        ConfigError: the store holds rollouts, or checkpoints exist, and ``overwrite`` is false (the message names
+            ``--resume`` and ``--overwrite``), or ``out_dir`` is a file or cannot be created.
     """
+    import shutil
+
+    from agentbolt.trainer.checkpoint import checkpoints_dir
+
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"{out_dir} is a file; the output must be a directory (choose another --out)")
     try:
@@ -81,12 +90,35 @@ def fresh_db_path(out_dir: Path, *, overwrite: bool) -> Path:
     except OSError as exc:
         raise ConfigError(f"cannot create the output directory {out_dir}: {exc}") from exc
     db = out_dir / "store.db"
-    if db.exists():
+    checkpoints = checkpoints_dir(out_dir)
+    if (db.exists() and not _holds_no_rollout(db)) or checkpoints.exists():
         if not overwrite:
-            raise ConfigError(f"{db} already exists; pass --overwrite to replace it or choose another --out")
-        for suffix in ("", "-wal", "-shm"):
-            Path(f"{db}{suffix}").unlink(missing_ok=True)
+            what = db if db.exists() else checkpoints
+            raise ConfigError(
+                f"{what} already exists; pass --resume to continue that run, --overwrite to replace it, or choose "
+                "another --out"
+            )
+        shutil.rmtree(checkpoints, ignore_errors=True)
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
     return db
+
+
+def _holds_no_rollout(db: Path) -> bool:
+    """Whether the SQLite store ``db`` has no rollout (or no tables yet); ``False`` for a file that is not one."""
+    import sqlite3
+
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if "rollouts" not in tables:
+                return True
+            return conn.execute("SELECT COUNT(*) FROM rollouts").fetchone()[0] == 0
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError:
+        return False
 
 
 def load_embedded(
@@ -315,6 +347,7 @@ async def local_training(
     agent_match: str | None = None,
     console: Console | None = None,
     device: str = "cpu",
+    resume_from: Path | None = None,
 ) -> AsyncIterator[LocalTraining]:
     """Start what :func:`local_serving` starts, plus the LoRA policy and an :class:`RLTrainer` over them; yield them;
     stop them all.
@@ -327,10 +360,14 @@ async def local_training(
         trainer_config: settings of the torch trainer backend; when given, its ``learning_rate`` wins.
         agent_match: regular expression over agent names; only the matching agents' LLM calls become training
             samples (``None``: all calls). See :class:`~agentbolt.trainer.loop.RLTrainer`.
+        resume_from: a checkpoint folder (``OUT/checkpoints/step-N``): its adapter, value head, optimizer and RNG
+            states are loaded into the policy and its merged weights into the served model before the server
+            starts, so the gateway never serves other weights. The loop's own state is the caller's to restore
+            (``trainer.load_state_dict``).
 
     Raises:
         ConfigError: an unknown model name, a bad ``agent`` reference or a bad ``agent_match`` pattern (before
-            anything is started).
+            anything is started), or a checkpoint that does not fit the model.
     """
     from agentbolt.adapter.agents import compile_agent_match
     from agentbolt.algorithms.rl.torch_backend import TorchPolicyTrainer, TorchTrainerConfig, attach_lora
@@ -345,7 +382,11 @@ async def local_training(
         # The policy is a copy of the served model with LoRA adapters; after each update its merged weights are
         # written into the served model (serving through peft's LoRA layers is ~5x slower on CPU).
         policy = attach_lora(copy.deepcopy(backend.model), config)
-        built.append((policy, TorchPolicyTrainer(policy, config, pad_token_id=backend.pad_token_id)))
+        updater = TorchPolicyTrainer(policy, config, pad_token_id=backend.pad_token_id)
+        if resume_from is not None:
+            updater.load_state(resume_from)
+            load_weights(backend.model, merged_lora_weights(policy))
+        built.append((policy, updater))
 
     async with local_serving(
         model=model,
@@ -375,4 +416,4 @@ async def local_training(
             agent_match=agent_match,
             swap_gate=serving.gate,
         )
-        yield LocalTraining(trainer, serving.store, backend, serving.url, serving.model_setup_s)
+        yield LocalTraining(trainer, serving.store, backend, serving.url, serving.model_setup_s, updater)

@@ -29,7 +29,7 @@ import random
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -63,6 +63,10 @@ logger = logging.getLogger(__name__)
 
 ProgressCallback = Callable[[int, int], None]
 """Called with (finished, total) while rollouts run."""
+
+AfterStep = Callable[["StepResult"], Awaitable[None]]
+"""Awaited after each step of :meth:`RLTrainer.train`, before the next step's rollouts are enqueued (e.g. to write a
+checkpoint)."""
 
 UNNAMED_AGENT = "(unnamed)"
 """How calls made outside any ``agentbolt.agent(...)`` scope are counted in :class:`StepResult`."""
@@ -246,6 +250,61 @@ class RLTrainer:
         if config.advantage_estimator == VALUE_HEAD_ESTIMATOR:
             self._value_head()
         self.rng = random.Random(config.seed)
+        self.metric_buffer: list[Metric] | None = None
+        """``None``: metrics are written at once. A list: they are kept here until :meth:`flush_metrics`, so a job
+        that writes checkpoints records a step's metrics only once its checkpoint exists (a resumed run then never
+        records a step twice)."""
+        self.checkpoint_paths: dict[str, str] = {}
+        """Weights version -> the checkpoint folder holding those weights; :meth:`publish_resources` names it in the
+        resources metadata, so every rollout leads to the exact weights that produced it."""
+        self._sampler_states: dict[int, Any] = {}
+
+    async def record_metrics(self, metrics: Sequence[Metric]) -> None:
+        """Write ``metrics`` to the store, or keep them in :attr:`metric_buffer` when it is a list."""
+        if self.metric_buffer is None:
+            await self.store.add_metrics(metrics)
+        else:
+            self.metric_buffer.extend(metrics)
+
+    async def flush_metrics(self) -> list[Metric]:
+        """Write the kept metrics (:attr:`metric_buffer`) to the store and empty the buffer; return what was written."""
+        if not self.metric_buffer:
+            return []
+        flushed, self.metric_buffer[:] = list(self.metric_buffer), []
+        await self.store.add_metrics(flushed)
+        return flushed
+
+    def sampler_state_before(self, train_step: int) -> Any:
+        """The task sampler's RNG state before the tasks of ``train_step`` were drawn (``random.Random.getstate()``);
+        the current state when that step has not been drawn yet. A checkpoint after step ``N`` keeps the state
+        before step ``N + 1``, so a resumed run draws the same tasks, even when asynchronous training had drawn
+        later steps already."""
+        return self._sampler_states.get(train_step, self.rng.getstate())
+
+    def state_dict(self, train_step: int) -> dict[str, Any]:
+        """The loop's own state after ``train_step`` (JSON-serializable): the step, the served weights versions
+        (the staleness ledger), the version -> checkpoint map and the task sampler's position.
+
+        Restored by :meth:`load_state_dict`.
+        """
+        version, internal, gauss = self.sampler_state_before(train_step + 1)
+        return {
+            "train_step": train_step,
+            "versions": list(self.versions),
+            "checkpoint_paths": dict(self.checkpoint_paths),
+            "sampler_state": [version, list(internal), gauss],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned: the next step is ``state["train_step"] + 1``. The serving
+        backend's weights version becomes the last served version."""
+        version, internal, gauss = state["sampler_state"]
+        self.rng.setstate((version, tuple(internal), gauss))
+        self.versions = list(state["versions"])
+        self.checkpoint_paths = dict(state.get("checkpoint_paths", {}))
+        self.last_train_step = int(state["train_step"])
+        self.backend.set_model_version(self.versions[-1])
+        self._sampler_states = {}
 
     async def publish_resources(self, *, temperature: float, purpose: str) -> str:
         """Write a resources version pointing at the gateway with the current weights; return its id."""
@@ -254,9 +313,11 @@ class RLTrainer:
             model=self.backend.model_name,
             sampling_parameters={"temperature": temperature, "max_tokens": self.config.max_tokens},
         )
-        update = await self.store.add_resources(
-            {"llm": llm}, metadata={"model_version": self.backend.model_version, "purpose": purpose}
-        )
+        version = self.backend.model_version
+        metadata: dict[str, Any] = {"model_version": version, "purpose": purpose}
+        if version in self.checkpoint_paths:
+            metadata["checkpoint"] = self.checkpoint_paths[version]
+        update = await self.store.add_resources({"llm": llm}, metadata=metadata)
         return update.resources_id
 
     async def run_rollouts(
@@ -346,7 +407,7 @@ class RLTrainer:
             by_set[name].append(await self.named_reward(rollout, self.config.accuracy_reward_name))
         accuracy = {name: (statistics.fmean(v) if v else 0.0) for name, v in by_set.items()}
         now = time.time()
-        await self.store.add_metrics(
+        await self.record_metrics(
             [
                 Metric(name=f"val_accuracy/{name}", train_step=self.last_train_step, value=v, time=now)
                 for name, v in accuracy.items()
@@ -496,7 +557,7 @@ class RLTrainer:
         tokens_per_s = self._tokens_per_s_since_last()
         if tokens_per_s is not None:
             metrics.append(Metric(name="tokens_per_s", train_step=train_step, value=tokens_per_s, time=time.time()))
-        await self.store.add_metrics(metrics)
+        await self.record_metrics(metrics)
         self.last_train_step = train_step
         return result
 
@@ -534,10 +595,12 @@ class RLTrainer:
         tasks: Sequence[dict[str, Any]],
         *,
         steps: int | None = None,
+        first_step: int = 1,
         on_step_start: Callable[[int, int], ProgressCallback | None] | None = None,
         on_step_end: Callable[[StepResult], None] | None = None,
+        after_step: AfterStep | None = None,
     ) -> list[StepResult]:
-        """Run ``steps`` training steps (default ``config.steps``) on tasks drawn from ``tasks``.
+        """Run training steps ``first_step`` .. ``steps`` (default ``config.steps``) on tasks drawn from ``tasks``.
 
         With ``config.async_rollouts = k > 0`` the rollouts of the next ``k`` steps are enqueued ahead, so runners
         keep generating while the trainer updates: step ``s`` trains on rollouts that were enqueued when the
@@ -547,13 +610,17 @@ class RLTrainer:
 
         Args:
             tasks: the training tasks; each step draws ``tasks_per_step`` of them (:meth:`sample_tasks`).
-            steps: how many steps; ``None``: ``config.steps``.
+            steps: the last step; ``None``: ``config.steps``.
+            first_step: the first step (a resumed run starts after its checkpoint's step, with the loop state
+                restored by :meth:`load_state_dict`).
             on_step_start: called with ``(step, number of rollouts)`` when the trainer starts waiting for a step's
                 rollouts; may return a progress callback for them.
             on_step_end: called with each step's result.
+            after_step: awaited with each step's result after ``on_step_end``, before any later step is enqueued
+                (steps enqueued ahead by asynchronous training excepted); a checkpoint is written there.
 
         Returns:
-            The steps' results, in order.
+            The results of the steps run here, in order.
         """
         n_steps = self.config.steps if steps is None else steps
         ahead = self.config.async_rollouts
@@ -563,10 +630,11 @@ class RLTrainer:
                 "module itself, so it cannot generate while the update runs; set async_rollouts: 0"
             )
         queued: deque[PendingStep] = deque()
-        next_step = 1
+        next_step = first_step
         results: list[StepResult] = []
         while True:
             while next_step <= n_steps and len(queued) <= ahead:
+                self._sampler_states[next_step] = self.rng.getstate()
                 queued.append(await self.start_step(next_step, self.sample_tasks(tasks)))
                 next_step += 1
             if not queued:
@@ -579,6 +647,9 @@ class RLTrainer:
             results.append(result)
             if on_step_end is not None:
                 on_step_end(result)
+            if after_step is not None:
+                await after_step(result)
+            self._sampler_states.pop(pending.train_step, None)
 
     async def swap_weights(self, version: str) -> float:
         """Publish the policy's weights to the serving model as ``version``; return the seconds it took.

@@ -75,6 +75,13 @@ DEFAULT_LORA_TARGET_MODULES: tuple[str, ...] = (
 Machines 2025: LoRA on all layers, MLP included, matches full fine-tuning far better than attention-only)."""
 
 
+VALUE_HEAD_FILE = "value_head.safetensors"
+"""The value head's tensors in a checkpoint (:meth:`TorchPolicyTrainer.save_state`)."""
+
+TRAINER_STATE_FILE = "trainer_state.pt"
+"""Optimizer state, step count and RNG states in a checkpoint (:meth:`TorchPolicyTrainer.save_state`)."""
+
+
 class TorchTrainerConfig(BaseModel):
     """Settings of the ``torch`` trainer backend (frozen; round-trips through YAML/JSON).
 
@@ -463,6 +470,83 @@ class TorchPolicyTrainer:
     def save_adapter(self, path: str | Path) -> Path:
         """Write the current LoRA adapter under ``path`` (see :func:`save_adapter`)."""
         return save_adapter(self.model, path)
+
+    def save_state(self, directory: str | Path) -> None:
+        """Write everything a resumed run needs to continue this trainer exactly, into ``directory`` (created):
+
+        - ``adapter_config.json`` + ``adapter_model.safetensors``: the LoRA adapter in peft's format
+          (:func:`save_adapter`; loads with ``PeftModel.from_pretrained(base_model, directory)``);
+        - ``value_head.safetensors``: the value head's ``weight`` ``(1, H)`` and ``bias`` ``(1,)``, float32, when
+          there is one;
+        - ``trainer_state.pt``: the AdamW state (moments and step counts of every trainable tensor), the number of
+          optimizer steps taken, and torch's RNG states (CPU, and every CUDA device when CUDA is initialized).
+          There is no learning-rate scheduler (the rate is constant), so none is saved.
+
+        Restored by :meth:`load_state`.
+        """
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        save_adapter(self.model, directory)
+        if self.value_head is not None:
+            head = {name: t.detach().cpu().contiguous() for name, t in self.value_head.state_dict().items()}
+            save_file(head, str(directory / VALUE_HEAD_FILE))
+        state: dict[str, object] = {
+            "optimizer": self.optimizer.state_dict(),
+            "train_steps": self.train_steps,
+            "torch_rng": torch.get_rng_state(),
+        }
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda_rng"] = torch.cuda.get_rng_state_all()
+        torch.save(state, directory / TRAINER_STATE_FILE)
+
+    def load_state(self, directory: str | Path) -> None:
+        """Load what :meth:`save_state` wrote into this trainer: the LoRA weights (into the live adapter, in place),
+        the value head, the optimizer state, the step count and torch's RNG states.
+
+        Raises:
+            ConfigError: a file is missing, the checkpoint has a value head and this trainer not (or the reverse),
+                or its tensors do not fit this model (another model or other LoRA settings).
+        """
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        adapter_file = directory / "adapter_model.safetensors"
+        state_file = directory / TRAINER_STATE_FILE
+        for needed in (adapter_file, state_file):
+            if not needed.is_file():
+                raise ConfigError(f"checkpoint {directory} has no {needed.name}; it is not a complete checkpoint")
+        head_file = directory / VALUE_HEAD_FILE
+        if head_file.is_file() != (self.value_head is not None):
+            have = "has" if head_file.is_file() else "has no"
+            raise ConfigError(
+                f"checkpoint {directory} {have} a value head and this run's trainer "
+                f"{'does not' if self.value_head is None else 'does'}; resume with the same advantage_estimator"
+            )
+        try:
+            adapter = load_file(str(adapter_file), device=str(self.device))
+            result = set_peft_model_state_dict(self.model, adapter)
+            if getattr(result, "unexpected_keys", None):
+                raise ConfigError(f"unexpected tensors {result.unexpected_keys[:3]}")
+            missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k]
+            if missing:
+                raise ConfigError(f"LoRA tensors missing from the checkpoint, e.g. {missing[:3]}")
+            if self.value_head is not None:
+                self.value_head.load_state_dict(load_file(str(head_file), device=str(self.device)))
+            state = torch.load(state_file, map_location="cpu", weights_only=True)
+            self.optimizer.load_state_dict(state["optimizer"])
+            for group in self.optimizer.param_groups:  # this run's setting wins (the same unless it was changed)
+                group["lr"] = self.config.learning_rate
+        except (RuntimeError, ValueError, KeyError) as exc:
+            raise ConfigError(
+                f"checkpoint {directory} does not fit this model ({exc}); resume with the model and LoRA settings "
+                "(torch_trainer.lora_*) it was trained with"
+            ) from None
+        self.train_steps = int(state["train_steps"])
+        torch.set_rng_state(state["torch_rng"])
+        if "cuda_rng" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
 
     def _collate(self, batch: Sequence[TrainingSample]) -> dict[str, torch.Tensor]:
         """Right-pad a micro-batch: ``input_ids``/``attention_mask``/``loss_mask`` ``(B, T)`` int64,
