@@ -22,20 +22,23 @@ pytestmark = pytest.mark.slow
 
 
 def test_demo_one_step_with_smollm2(tmp_path: Path, smollm2_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from agentbolt.trainer.demo import DemoConfig, run_demo
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from agentbolt.trainer.demo import TrainConfig, run_training
 
     monkeypatch.setenv("AGENTBOLT_CACHE", str(smollm2_dir.parent.parent))  # reuse the converted model
     monkeypatch.chdir(Path(__file__).resolve().parents[2])  # the demo imports examples/ from the repo root
     out = tmp_path / "demo"
-    config = DemoConfig(
+    config = TrainConfig(
         out_dir=out,
         model="smollm2-135m",
         grpo=GRPOConfig(steps=1, tasks_per_step=2, group_size=2, max_tokens=48),
         val_size=1,
         runner_processes=1,
         runner_concurrency=4,
+        report_to=("tensorboard",),
     )
-    summary = asyncio.run(run_demo(config))
+    summary = asyncio.run(run_training(config))
 
     assert (out / "reward_curve.png").stat().st_size > 10_000
     on_disk = json.loads((out / "summary.json").read_text())
@@ -46,6 +49,15 @@ def test_demo_one_step_with_smollm2(tmp_path: Path, smollm2_dir: Path, monkeypat
     assert on_disk["n_transitions"] >= 4 and on_disk["wall_seconds"] > 0
     assert on_disk == json.loads(json.dumps(summary))
     assert all(math.isfinite(x) for x in on_disk["train_reward"])
+    assert [c["step"] for c in on_disk["checkpoints"]] == [1]
+    assert on_disk["checkpoints"][0]["val_accuracy"] == on_disk["val_accuracy_after"]
+
+    # the same metrics reach TensorBoard, read back with its own reader
+    events = EventAccumulator(str(out / "tensorboard" / "demo"))
+    events.Reload()
+    reward = events.Scalars("train_reward_mean")
+    assert [(e.step, e.value) for e in reward] == [(1, pytest.approx(on_disk["train_reward"][0]))]
+    assert {"val_accuracy/calc_x", "update_s"} <= set(events.Tags()["scalars"])
 
     async def check_store() -> None:
         store = SqliteLightningStore(out / "store.db")
@@ -65,8 +77,11 @@ def test_demo_one_step_with_smollm2(tmp_path: Path, smollm2_dir: Path, monkeypat
             rewards = [s for s in spans if s.name == semconv.SPAN_REWARD]
             assert {s.attributes.get(semconv.REWARD_NAME) for s in rewards} >= {"correct", None}
             versions = await store.query_resources()
-            assert [v.metadata["purpose"] for v in versions] == ["before", "train", "after"]
+            assert [v.metadata["purpose"] for v in versions] == ["before", "train", "checkpoint", "after"]
             assert versions[-1].metadata["model_version"] == "step-1"
+            assert versions[-1].metadata["checkpoint"] == versions[2].metadata["checkpoint"] == on_disk[
+                "checkpoints"
+            ][0]["path"]
             assert {m.name for m in await store.query_metrics()} >= {"train_reward_mean", "update_s"}
         finally:
             await store.close()

@@ -9,6 +9,8 @@ against the gateway. ``agentbolt demo`` is the calculator agent of ``examples/ca
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import importlib
 import json
@@ -22,7 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
     from agentbolt.trainer.checkpoint import CheckpointInfo
     from agentbolt.trainer.loop import StepResult
     from agentbolt.trainer.prompt_opt import PromptOptConfig
+    from agentbolt.types import Metric
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +78,8 @@ class TrainConfig(_Config):
             after training); each such checkpoint records its accuracy, and the best one is kept.
         resume: continue the run in ``out_dir`` from its newest complete checkpoint, on the same store
             (``agentbolt train --resume``).
+        report_to: experiment trackers that also get every metric the job records (``tensorboard``, ``mlflow``,
+            ``wandb``; W&B offline unless it has an API key), see :mod:`agentbolt.trainer.trackers`.
     """
 
     algorithm: Literal["lightningrl"] = "lightningrl"
@@ -99,6 +104,14 @@ class TrainConfig(_Config):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     eval_every: int | None = Field(default=None, ge=1)
     resume: bool = False
+    report_to: tuple[str, ...] = ()
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _known_trackers(cls, value: Any) -> tuple[str, ...]:
+        from agentbolt.trainer.trackers import validate_report_to
+
+        return validate_report_to(value)
 
     @model_validator(mode="after")
     def _resume_or_overwrite(self) -> TrainConfig:
@@ -379,6 +392,7 @@ async def run_training(config: TrainConfig, console: Console | None = None) -> d
         restore_missing_metrics,
     )
     from agentbolt.trainer.local import fresh_db_path, local_training, resolve_model
+    from agentbolt.trainer.trackers import open_trackers
 
     if not Path(config.model).is_dir():
         get_model_spec(config.model)  # an unknown name fails here, before anything is written
@@ -442,23 +456,43 @@ async def run_training(config: TrainConfig, console: Console | None = None) -> d
             job.setdefault("val_during", {})[str(resume_info.step)] = job.pop("val_after")
     first_step = 1 if resume_info is None else resume_info.step + 1
 
-    async with local_training(
-        model=config.model,
-        db_path=db_path,
-        agent=config.agent,
-        grpo=grpo,
-        learning_rate=config.learning_rate,
-        trainer_config=trainer_config,
-        runner_processes=config.runner_processes,
-        runner_concurrency=config.runner_concurrency,
-        max_batch_size=config.max_batch_size,
-        batch_wait_s=config.batch_wait_s,
-        agent_match=config.agent_match,
-        console=console,
-        device=config.device,
-        resume_from=None if resume_info is None else resume_info.path,
-    ) as local:
+    async with (
+        contextlib.AsyncExitStack() as stack,
+        local_training(
+            model=config.model,
+            db_path=db_path,
+            agent=config.agent,
+            grpo=grpo,
+            learning_rate=config.learning_rate,
+            trainer_config=trainer_config,
+            runner_processes=config.runner_processes,
+            runner_concurrency=config.runner_concurrency,
+            max_batch_size=config.max_batch_size,
+            batch_wait_s=config.batch_wait_s,
+            agent_match=config.agent_match,
+            console=console,
+            device=config.device,
+            resume_from=None if resume_info is None else resume_info.path,
+        ) as local,
+    ):
         trainer, store, backend = local.trainer, local.store, local.backend
+        trackers = await asyncio.to_thread(
+            open_trackers,
+            config.report_to,
+            out_dir=config.out_dir,
+            run_name=config.out_dir.name if resume_info is None else f"{config.out_dir.name}-from-{resume_info.step}",
+            config=json.loads(config.model_dump_json()),
+        )
+        stack.push(lambda exc_type, *_: trackers.close(failed=exc_type is not None))  # a failed run is marked so
+
+        def to_trackers(metrics: Sequence[Metric]) -> None:
+            by_step: dict[int, dict[str, float]] = {}
+            for metric in metrics:
+                by_step.setdefault(metric.train_step, {})[metric.name] = metric.value
+            for step in sorted(by_step):
+                trackers.log(by_step[step], step)
+
+        trainer.metric_listeners.append(to_trackers)
         if config.resume:
             cancelled = await cancel_unfinished(store)
             where = "from the start" if resume_info is None else f"from {resume_info.path} (step {resume_info.step})"

@@ -258,9 +258,14 @@ class RLTrainer:
         """Weights version -> the checkpoint folder holding those weights; :meth:`publish_resources` names it in the
         resources metadata, so every rollout leads to the exact weights that produced it."""
         self._sampler_states: dict[int, Any] = {}
+        self.metric_listeners: list[Callable[[Sequence[Metric]], None]] = []
+        """Called with every batch of metrics as it is recorded (e.g. experiment trackers); must not raise."""
 
     async def record_metrics(self, metrics: Sequence[Metric]) -> None:
-        """Write ``metrics`` to the store, or keep them in :attr:`metric_buffer` when it is a list."""
+        """Write ``metrics`` to the store, or keep them in :attr:`metric_buffer` when it is a list; either way hand
+        them to every :attr:`metric_listeners` at once."""
+        for listener in self.metric_listeners:
+            listener(metrics)
         if self.metric_buffer is None:
             await self.store.add_metrics(metrics)
         else:
