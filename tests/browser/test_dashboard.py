@@ -348,6 +348,9 @@ def test_tokens_show_logprobs_and_reward(page: Page, served: Served) -> None:
     assert (tokens.first.text_content() or "").replace("\u21b5", "") == shown_text
     expect(page.locator("#tr-reward")).to_have_text(_shown(transition["reward"]))
     expect(page.locator("#tr-advantage")).to_have_text(_shown(transition["advantage"]))
+    # no trainer recorded this store's rollouts: the advantage is recomputed, and the page says so
+    assert transition["advantage_source"] == "recomputed"
+    expect(page.locator("#tr-advantage-source")).to_contain_text("recomputed (grpo, broadcast credit)")
     masked = sum(1 for tok in transition["response"] if not tok["loss_mask"])
     expect(page.locator("#response-tokens .tok.masked")).to_have_count(masked)
     _shot(page, "tokens")

@@ -16,6 +16,7 @@ from agentbolt.cli.inspect_cmd import span_tree
 from agentbolt.cli.stores import FinishedRollout, open_store
 from agentbolt.errors import ConfigError
 from agentbolt.trainer.batch import samples_for_step, select_trajectories
+from agentbolt.trainer.trained_record import trained_samples
 from agentbolt.types import Attempt, AttemptStatus, Rollout, RolloutMode, RolloutStatus, Span, SpanStatus
 
 OK, DONE = RolloutStatus.SUCCEEDED, AttemptStatus.SUCCEEDED
@@ -202,6 +203,43 @@ def test_rl_rows_of_val_rollouts_are_their_own_groups() -> None:
     val = _finished(_rollout("b", "t1", 0.0, mode=RolloutMode.VAL), [_llm("b", 1, [1], [3]), _reward("b", 2, 0.0)])
     rows, _ = rl_rows([train, val])
     assert [(r["mode"], r["advantage"]) for r in rows] == [("train", 0.0), ("val", 0.0)]
+
+
+def test_rl_rows_of_recorded_rollouts_are_what_the_update_received() -> None:
+    # The trainer ran step 4 with rloo and discounted credit (gamma 0.5) on r1..r4 and recorded its batch; r6 ran in
+    # the same step but was left out of the batch (none recorded for it); the val rollout v was never trained.
+    finished = [
+        _finished(f.rollout.model_copy(update={"metadata": {**f.rollout.metadata, "train_step": 4}}), f.spans)
+        for f in _rl_batch()
+    ]
+    finished.append(
+        _finished(_rollout("r6", "t3", 1.0, metadata={"train_step": 4}), [_llm("r6", 1, [1], [2]), _reward("r6", 2, 1)])
+    )
+    finished.append(
+        _finished(_rollout("v", "t1", 1.0, mode=RolloutMode.VAL), [_llm("v", 1, [5, 6], [7]), _reward("v", 2, 1.0)])
+    )
+    selection = select_trajectories([(f.rollout, f.attempt, f.spans) for f in finished[:5]])
+    batch = samples_for_step(
+        selection.trajectories, credit=build_credit_scheme("discounted", gamma=0.5), estimator="rloo"
+    ).batch.samples
+    records = trained_samples(
+        4, batch, selection.trajectories, advantage_estimator="rloo", credit_assignment="discounted"
+    )
+
+    rows, skipped = rl_rows(finished, records=records)  # the export's own settings: grpo, broadcast
+    trained = [r for r in rows if r["advantage_source"] == "trained"]
+    assert [sample_of_row(r) for r in trained] == batch  # tokens, masks, logprobs and advantages as trained
+    assert [r["advantage"] for r in trained] == [s.advantage for s in batch]
+    assert {(r["advantage_estimator"], r["credit_assignment"], r["train_step"]) for r in trained} == {
+        ("rloo", "discounted", 4)
+    }
+    assert trained[0]["span_ids"] == ["sp-r1-1"] and trained[0]["transition_rewards"] == [0.5]  # discounted
+    assert [r["rollout_id"] for r in rows if r["advantage_source"] == "recomputed"] == ["v"]
+    assert skipped == {"failed or no reward": 1, "not in its step's trained batch": 1}
+
+    recomputed, _ = rl_rows(finished, records=[])  # --advantages recomputed: grpo + broadcast everywhere
+    assert {r["advantage_source"] for r in recomputed} == {"recomputed"}
+    assert [r["advantage"] for r in recomputed][:2] != [s.advantage for s in batch][:2]
 
 
 # ----------------------------------------------------------------------------------------------------------- files

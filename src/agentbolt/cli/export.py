@@ -7,10 +7,15 @@ Two kinds of rows:
   latest attempt's last gateway LLM call that returned a message: its request messages, then the assistant message
   it returned (:func:`agentbolt.algorithms.apo.store_evaluator.conversation`; a tool loop re-sends the whole
   conversation, so the last call holds it all). Keys whose value is ``None`` are left out of each message.
-- **rl**, one row per training sample exactly as the trainer builds it, with its provenance: the rows and their
+- **rl**, one row per training sample exactly as the trainer built it, with its provenance: the rows and their
   columns are built by :func:`agentbolt.trainer.export_rows.rl_rows` (see :mod:`agentbolt.trainer.export_rows`,
-  shared with the dashboard's transitions route). :func:`load_rl_samples` reads a file back into the
-  :class:`~agentbolt.algorithms.rl.samples.TrainingSample` objects the torch trainer consumes.
+  shared with the dashboard's transitions route). By default (``advantages: recorded``) the rollouts a trainer
+  recorded come out as the update received them: its advantages, loss masks, sample boundaries and credited rewards
+  (column ``advantage_source`` = ``trained``), whatever settings the run used; the other rollouts (val/test, or a
+  store written before the trainer recorded its batches) are recomputed with ``credit_assignment``,
+  ``advantage_estimator``, ``merge_samples`` and ``agent_match`` (``advantage_source`` = ``recomputed``).
+  ``advantages: recomputed`` recomputes every rollout, records or not. :func:`load_rl_samples` reads a file back into
+  the :class:`~agentbolt.algorithms.rl.samples.TrainingSample` objects the torch trainer consumes.
 
 Parquet needs pyarrow (``pip install 'agentbolt[export]'``). A nested SFT column that pyarrow cannot give one type
 (e.g. messages whose ``content`` is text in one row and a list of parts in another) is written as JSON text.
@@ -33,10 +38,11 @@ from agentbolt.algorithms.apo.store_evaluator import conversation
 from agentbolt.algorithms.rl.samples import TrainingSample
 from agentbolt.errors import ConfigError
 from agentbolt.trainer.export_rows import FinishedRollout, rl_rows, sample_of_row
-from agentbolt.types import RolloutMode, RolloutStatus, Span
+from agentbolt.types import RolloutMode, RolloutStatus, Span, TrainedSample
 
 ExportKind = Literal["sft", "rl"]
 ExportFormat = Literal["jsonl", "parquet"]
+AdvantageChoice = Literal["recorded", "recomputed"]
 
 PYARROW_HINT = "pip install 'agentbolt[export]'"
 """How to get pyarrow for ``--format parquet``."""
@@ -54,7 +60,10 @@ class ExportConfig(BaseModel):
         resources_id: only rollouts that ran against this resources version.
         min_reward: only rollouts whose final reward is at least this (rollouts without one are left out).
         credit_assignment / advantage_estimator / merge_samples / agent_match: as in
-            :class:`agentbolt.config.GRPOConfig` (``rl`` only).
+            :class:`agentbolt.config.GRPOConfig` (``rl`` only; with ``advantages: recorded``, for the rollouts the
+            trainer recorded nothing for).
+        advantages: ``recorded`` (default): the trainer's recorded samples where there are some, recomputed
+            elsewhere; ``recomputed``: every rollout recomputed with the settings above (module docstring).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -70,6 +79,7 @@ class ExportConfig(BaseModel):
     advantage_estimator: str = "grpo"
     merge_samples: bool = True
     agent_match: str | None = None
+    advantages: AdvantageChoice = "recorded"
 
 
 # ----------------------------------------------------------------------------------------------------------- sft rows
@@ -234,6 +244,9 @@ async def run_export(config: ExportConfig, *, token: str | None = None, console:
             )
         terminal = [r for r in everything if r.status in TERMINAL]
         finished = await read_finished(store, terminal, resources_id=config.resources_id, console=console)
+        records: list[TrainedSample] = []
+        if config.kind == "rl" and config.advantages == "recorded":
+            records = await store.query_trained_samples()
     finally:
         await store.close()
     if not finished:
@@ -253,6 +266,7 @@ async def run_export(config: ExportConfig, *, token: str | None = None, console:
             merge_samples=config.merge_samples,
             agent_match=config.agent_match,
             min_reward=config.min_reward,
+            records=records,
         )
     why = ", ".join(f"{count} {reason}" for reason, count in skipped.items()) or "none left out"
     if not rows:
@@ -265,6 +279,12 @@ async def run_export(config: ExportConfig, *, token: str | None = None, console:
         unit = "samples" if config.kind == "rl" else "conversations"
         console.print(f"wrote {len(rows)} {config.kind} {unit} from {len(finished)} finished rollouts to {config.out}")
         console.print(f"left out: {why}")
+        if config.kind == "rl":
+            n_trained = sum(1 for row in rows if row["advantage_source"] == "trained")
+            console.print(
+                f"advantages: {n_trained} rows as the trainer recorded them, {len(rows) - n_trained} recomputed "
+                f"({config.advantage_estimator}, {config.credit_assignment} credit)"
+            )
         if as_json:
             console.print(f"columns written as JSON text (no single Parquet type): {', '.join(as_json)}")
     return len(rows)

@@ -2,10 +2,14 @@
 version, an error summary and metric names. Read-only; every route goes through the store contract.
 
 - ``GET /v1/rollouts/search``: :meth:`~agentbolt.store.base.LightningStore.search_rollouts` (``{"items", "total"}``).
-- ``GET /v1/rollouts/{rollout_id}/transitions``: the attempt's LLM calls as training sees them: the adapter's
-  transitions, credited rewards and advantages computed as ``agentbolt export --format rl`` does
-  (:func:`agentbolt.trainer.export_rows.rl_rows`, GRPO and ``broadcast`` credit, unmerged) over the rollout's group: the
-  finished rollouts with the same ``metadata.task_id``, ``metadata.train_step``, mode and resources version.
+- ``GET /v1/rollouts/{rollout_id}/transitions``: the attempt's LLM calls as training saw them. When the trainer
+  recorded the step (:meth:`~agentbolt.store.base.LightningStore.query_trained_samples`, written before each update),
+  the rewards, advantages, loss masks and sample boundaries are those the update used, whatever the estimator, credit
+  scheme, staleness rule or ``agent_match`` (``advantage_source: "trained"``). Otherwise (a val/test rollout, a store
+  written before the trainer recorded its batches) they are recomputed as ``agentbolt export --kind rl`` does
+  (:func:`agentbolt.trainer.export_rows.rl_rows`, GRPO and ``broadcast`` credit, unmerged) over the rollout's group:
+  the finished rollouts with the same ``metadata.task_id``, ``metadata.train_step``, mode and resources version
+  (``advantage_source: "recomputed"``; the run may have used other settings).
 - ``GET /v1/resources/scores``: rollout count and mean ``final_reward`` per resources version, overall and by mode
   (from :meth:`~agentbolt.store.base.LightningStore.reward_stats`, one ``GROUP BY`` in the store).
 - ``GET /v1/resources/reward-stats``: :meth:`~agentbolt.store.base.LightningStore.reward_stats` as it is (the HTTP
@@ -22,7 +26,8 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from typing import Any, Final
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from pydantic import BaseModel, ValidationError
@@ -41,6 +46,8 @@ from agentbolt.types import (
     RolloutMode,
     RolloutStatus,
     Span,
+    TrainedCall,
+    TrainedSample,
 )
 
 router = APIRouter(prefix="/v1", tags=["dashboard"])
@@ -108,20 +115,43 @@ class PromptToken(BaseModel):
 
 
 class ResponseToken(BaseModel):
-    """A generated token: id, text, sampling logprob, and ``loss_mask`` 1 when training uses it (0: not trained)."""
+    """A generated token: id, text, sampling logprob, ``loss_mask`` 1 when training uses it (0: not trained), and
+    the ``advantage`` applied to it (``None`` where the loss mask is 0 or nothing is known)."""
 
     id: int
     text: str | None
     logprob: float
     loss_mask: int
+    advantage: float | None = None
+
+
+AdvantageSource = Literal["trained", "recomputed"]
+"""Where a transition's advantages come from: ``trained``, the values the trainer recorded for the update of
+``train_step``; ``recomputed``, computed now with GRPO and ``broadcast`` credit because the trainer recorded none."""
+
+RECOMPUTED_ESTIMATOR: Final = "grpo"
+RECOMPUTED_CREDIT: Final = "broadcast"
+"""The settings of a recomputation (the run may have used others)."""
 
 
 class TransitionView(BaseModel):
     """One LLM call of an attempt as training sees it.
 
-    ``reward``: the credited reward (``broadcast``), else the reward attached by the adapter, else ``None``.
-    ``advantage``: GRPO over the rollout's group; ``None`` when it cannot be computed (not trained: a val rollout,
-    no ``task_id``, a failed or superseded attempt...).
+    ``advantage_source`` says where ``reward``, ``advantage`` and the loss masks come from (:data:`AdvantageSource`);
+    ``advantage_estimator`` and ``credit_assignment`` name the settings that made them, and ``train_step`` the step
+    (the recorded one, or the rollout's ``metadata.train_step`` when recomputed). ``None`` throughout: nothing to
+    show (a val rollout, no ``task_id``, a failed attempt...).
+
+    ``reward``: the reward credit assignment gave the call, else the reward attached by the adapter, else ``None``.
+    ``advantage``: the advantage of the call's tokens in the loss (0.0 included: the update then skipped the
+    sample, see ``trained``); ``None`` when the call was not in the loss (left out of the batch, e.g. by
+    ``agent_match``, dropped to context as stale, or not computable), and under ``gae``, whose advantages are per
+    token (``response[k].advantage``). ``sample_index``: the position of the call's sample in the update's batch, and
+    ``sample_span_ids`` the calls merged into that sample, in order (``None`` when not recorded). ``trained``: whether
+    the update learned from the call: False when it was left out of the batch, dropped to context (stale), or its
+    sample was skipped for an advantage of exactly 0; ``None`` when not recorded. ``staleness`` /
+    ``staleness_weight``: how many weights versions the call was behind the trainer, and what its advantage was
+    multiplied by (asynchronous training).
     """
 
     index: int
@@ -132,6 +162,15 @@ class TransitionView(BaseModel):
     reward: float | None
     advantage: float | None
     model_version: str | None
+    advantage_source: AdvantageSource | None = None
+    advantage_estimator: str | None = None
+    credit_assignment: str | None = None
+    train_step: int | None = None
+    sample_index: int | None = None
+    sample_span_ids: list[str] | None = None
+    trained: bool | None = None
+    staleness: int | None = None
+    staleness_weight: float | None = None
 
 
 def _decoder(request: Request) -> Any:
@@ -184,6 +223,71 @@ async def _group_rows(store: LightningStore, rollout: Rollout, attempt: Attempt)
     }
 
 
+@dataclass
+class _Recorded:
+    """What the trainer recorded for one attempt: its step and settings, and each trained call's sample."""
+
+    train_step: int
+    advantage_estimator: str
+    credit_assignment: str
+    calls: dict[str, tuple[TrainedSample, TrainedCall]] = field(default_factory=dict)
+
+
+def _int_step(rollout: Rollout) -> int | None:
+    value = rollout.metadata.get("train_step")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+async def _recorded(store: LightningStore, rollout: Rollout, attempt: Attempt) -> _Recorded | None:
+    """The trainer's record of ``attempt`` (the latest step that trained it); an empty one when the rollout's step
+    (or another attempt of it) was recorded without this attempt's calls; ``None`` when nothing was recorded."""
+    of_rollout = await store.query_trained_samples(rollout_id=rollout.rollout_id)
+    mine = [r for r in of_rollout if r.attempt_id == attempt.attempt_id]
+    if mine:
+        step = max(r.train_step for r in mine)
+        mine = [r for r in mine if r.train_step == step]
+        recorded = _Recorded(step, mine[0].advantage_estimator, mine[0].credit_assignment)
+        recorded.calls = {call.span_id: (record, call) for record in mine for call in record.calls}
+        return recorded
+    step = _int_step(rollout)
+    others = of_rollout or (await store.query_trained_samples(train_step=step) if step is not None else [])
+    if not others or rollout.mode is not RolloutMode.TRAIN:
+        return None
+    return _Recorded(others[-1].train_step, others[-1].advantage_estimator, others[-1].credit_assignment)
+
+
+def _recorded_fields(
+    recorded: _Recorded, span_id: str | None, n_response: int
+) -> tuple[dict[str, Any], list[int], list[float | None]]:
+    """``(TransitionView fields, loss mask, token advantages)`` of one call under a record (``n_response`` tokens)."""
+    fields: dict[str, Any] = {
+        "advantage_source": "trained",
+        "advantage_estimator": recorded.advantage_estimator,
+        "credit_assignment": recorded.credit_assignment,
+        "train_step": recorded.train_step,
+        "trained": False,
+        "advantage": None,
+    }
+    found = recorded.calls.get(span_id or "")
+    if found is None or found[1].response_end - found[1].response_start != n_response:
+        return fields, [0] * n_response, [None] * n_response  # not in the batch
+    record, call = found
+    by_position = record.advantages_by_position()
+    advantages = [by_position.get(call.response_start + k) for k in range(n_response)]
+    in_loss = any(a is not None for a in advantages)  # False when the call was dropped to context (stale)
+    fields.update(
+        trained=record.trained and in_loss,
+        advantage=record.advantage if in_loss and record.token_advantages is None else None,
+        sample_index=record.sample_index,
+        sample_span_ids=[c.span_id for c in record.calls],
+        staleness=call.staleness,
+        staleness_weight=call.staleness_weight,
+    )
+    if call.reward is not None:
+        fields["reward"] = call.reward
+    return fields, [0 if a is None else 1 for a in advantages], advantages
+
+
 @router.get("/rollouts/{rollout_id}/transitions", response_model=list[TransitionView])
 async def rollout_transitions(rollout_id: str, request: Request, attempt_id: str | None = None) -> list[TransitionView]:
     """The LLM calls of one attempt (default: the latest) with token texts, rewards and advantages; 404 if unknown."""
@@ -198,16 +302,33 @@ async def rollout_transitions(rollout_id: str, request: Request, attempt_id: str
         attempt = await store.get_attempt(rollout_id, attempt_id)
     spans = await store.query_spans(rollout_id, attempt.attempt_id)
     trajectory = build_trajectory(rollout, attempt.attempt_id, spans)
-    rows = await _group_rows(store, rollout, attempt)
+    recorded = await _recorded(store, rollout, attempt)
+    rows = await _group_rows(store, rollout, attempt) if recorded is None else {}
     tokenizer = _decoder(request)
     out: list[TransitionView] = []
     for index, transition in enumerate(trajectory.transitions):
-        row = rows.get(transition.span_id or "")
         n_response = len(transition.response_token_ids)
-        mask = row["response_loss_mask"] if row and len(row["response_loss_mask"]) == n_response else None
-        reward = transition.reward
-        if row is not None and row["transition_rewards"]:
-            reward = row["transition_rewards"][0]
+        fields: dict[str, Any] = {"reward": transition.reward, "advantage": None}
+        mask: list[int] = [0] * n_response
+        advantages: list[float | None] = [None] * n_response
+        row = rows.get(transition.span_id or "")
+        if recorded is not None:
+            extra, mask, advantages = _recorded_fields(recorded, transition.span_id, n_response)
+            fields.update(extra)
+        elif row is not None:
+            fields.update(
+                advantage_source="recomputed",
+                advantage_estimator=RECOMPUTED_ESTIMATOR,
+                credit_assignment=RECOMPUTED_CREDIT,
+                train_step=_int_step(rollout),
+                advantage=float(row["advantage"]),
+            )
+            if row["transition_rewards"]:
+                fields["reward"] = row["transition_rewards"][0]
+            if len(row["response_loss_mask"]) == n_response:
+                mask = [int(m) for m in row["response_loss_mask"]]
+                advantages = [float(row["advantage"]) if m else None for m in mask]
+        reward = fields.pop("reward")
         model_version = transition.metadata.get("model_version")
         out.append(
             TransitionView(
@@ -221,7 +342,7 @@ async def rollout_transitions(rollout_id: str, request: Request, attempt_id: str
                     )
                 ],
                 response=[
-                    ResponseToken(id=i, text=t, logprob=lp, loss_mask=int(mask[k]) if mask else 0)
+                    ResponseToken(id=i, text=t, logprob=lp, loss_mask=mask[k], advantage=advantages[k])
                     for k, (i, t, lp) in enumerate(
                         zip(
                             transition.response_token_ids,
@@ -232,8 +353,8 @@ async def rollout_transitions(rollout_id: str, request: Request, attempt_id: str
                     )
                 ],
                 reward=None if reward is None else float(reward),
-                advantage=None if row is None else float(row["advantage"]),
                 model_version=None if model_version is None else str(model_version),
+                **fields,
             )
         )
     return out

@@ -528,6 +528,31 @@ function tokenText(tok) {
   return [tok.text.replace(/\n/g, "\u21B5\n"), false];
 }
 
+/** The transition's advantage: a number, "per token" (gae: hover the tokens), or "none". */
+function advantageText(tr) {
+  if (tr.advantage !== null && tr.advantage !== undefined) return fmtNum(tr.advantage);
+  return tr.response.some((tok) => tok.advantage !== null && tok.advantage !== undefined)
+    ? "per token (hover a token)" : "none";
+}
+
+/** Where the advantage comes from: the values the trainer recorded for the update, or a recomputation. */
+function advantageSource(tr) {
+  const settings = `${tr.advantage_estimator}, ${tr.credit_assignment} credit`;
+  if (tr.advantage_source === "trained") {
+    let text = `as trained at step ${tr.train_step} (${settings})`;
+    if (tr.sample_index === null || tr.sample_index === undefined) text += "; this call was not in the batch";
+    else if (tr.trained === false) text += "; not learned from (advantage 0, or dropped as stale)";
+    if (tr.staleness !== null && tr.staleness !== undefined) {
+      text += `; ${tr.staleness} version${tr.staleness === 1 ? "" : "s"} behind, weight ${fmtNum(tr.staleness_weight)}`;
+    }
+    return text;
+  }
+  if (tr.advantage_source === "recomputed") {
+    return `recomputed (${settings}): the trainer recorded none for this rollout; the run may have used other settings`;
+  }
+  return "none (not a trained rollout)";
+}
+
 async function tokensPage(root, parts, params) {
   const id = parts[1];
   const { attempts, attempt } = await chosenAttempt(id, params);
@@ -559,8 +584,9 @@ async function tokensPage(root, parts, params) {
     const [text, special] = tokenText(tok);
     const masked = tok.loss_mask === 0 || tok.loss_mask === false;
     const lp = tok.logprob;
+    const adv = tok.advantage === null || tok.advantage === undefined ? "" : ` · advantage ${fmtNum(tok.advantage)}`;
     const tip = `response token ${i} · id ${tok.id} · logprob ${lp === null || lp === undefined ? "none"
-      : `${lp.toFixed(4)} · p ${Math.exp(lp).toFixed(3)}`} · loss_mask ${masked ? 0 : 1}`;
+      : `${lp.toFixed(4)} · p ${Math.exp(lp).toFixed(3)}`} · loss_mask ${masked ? 0 : 1}${adv}`;
     return h(`span.tok.response${masked ? ".masked" : ""}${special ? ".special" : ""}`, {
       title: tip, "data-logprob": lp, onmouseenter: show(tip),
       style: { background: lp === null || lp === undefined ? "#eaeef2" : probColor(lp) },
@@ -572,7 +598,11 @@ async function tokensPage(root, parts, params) {
         span: tr.span_id }) }, tr.span_id) : ""],
       ["agent", tr.agent_name || h("span.muted", "none")], ["model version", tr.model_version || ""],
       ["reward", h("span#tr-reward", tr.reward === null ? "none" : fmtNum(tr.reward))],
-      ["advantage", h("span#tr-advantage", tr.advantage === null ? "none" : fmtNum(tr.advantage))],
+      ["advantage", h("span#tr-advantage", advantageText(tr))],
+      ["advantage source", h("span#tr-advantage-source", advantageSource(tr))],
+      ...(tr.sample_index === null || tr.sample_index === undefined ? [] : [["sample", h("span#tr-sample",
+        `#${tr.sample_index} of step ${tr.train_step}'s batch, ${tr.sample_span_ids.length} call`
+        + `${tr.sample_span_ids.length === 1 ? "" : "s merged"}`)]]),
       ["tokens", `${tr.prompt.length} prompt, ${tr.response.length} response`]]),
     h("p.muted", "Response tokens are colored by probability: ", h("span.scale"),
       " low \u2192 high; dimmed: loss mask 0 (not trained). Prompt tokens are gray."),
