@@ -80,6 +80,11 @@ def serve(
     max_body_mb: float = typer.Option(
         16.0, help="largest accepted request body in MiB (413 above it; OTLP bodies also after decompression)"
     ),
+    adapter: Path | None = typer.Option(
+        None,
+        help="serve a trained policy: a checkpoint folder OUT/checkpoints/step-N (its LoRA adapter is merged into "
+        "the embedded model; --model defaults to the one it was trained from)",
+    ),
 ) -> None:
     """Run the store API, OTLP ingestion (POST /v1/traces) and the LLM gateway."""
     from agentbolt.server.app import create_app
@@ -90,6 +95,12 @@ def serve(
     max_body_bytes = int(max_body_mb * MIB)
     if max_body_bytes < 1:
         _fail(ValueError(f"--max-body-mb must be positive, got {max_body_mb}"))
+    served_version = None
+    if adapter is not None:
+        try:
+            model, served_version = _adapter_model(adapter, model, backend_kind)
+        except AgentboltError as exc:
+            _fail(exc)
     kind = backend_kind or ("embedded" if model is not None else None)
     if backend_url and kind in (None, "embedded"):
         _fail(
@@ -111,6 +122,14 @@ def serve(
             from agentbolt.inference.backends import open_backend
 
             backend = await open_backend(kind, model=model, url=backend_url, api_key=api_key)
+            if adapter is not None:
+                from agentbolt.algorithms.rl.weight_sync import apply_adapter
+                from agentbolt.inference.embedded import EmbeddedBackend
+
+                assert isinstance(backend, EmbeddedBackend)  # _adapter_model refused the remote backends
+                changed = await asyncio.to_thread(apply_adapter, backend.model, adapter)
+                backend.set_model_version(served_version or adapter.name)
+                console.print(f"serving {model} with the LoRA adapter of {adapter} ({changed} weight matrices merged)")
         st = build_store(store)
         try:
             await st.query_workers()  # open the store now: a bad file or an unreachable database fails here, plainly
@@ -131,6 +150,29 @@ def serve(
         pass
     except AgentboltError as exc:
         _fail(exc)
+
+
+def _adapter_model(adapter: Path, model: str | None, backend_kind: str | None) -> tuple[str, str | None]:
+    """The embedded model to load for ``serve --adapter`` and the weights version to stamp on its calls.
+
+    Raises:
+        ConfigError: a remote backend, a folder without an adapter, or ``--model`` other than the checkpoint's.
+    """
+    from agentbolt.errors import ConfigError
+    from agentbolt.trainer.checkpoint import CHECKPOINT_FILE, read_checkpoint
+
+    if backend_kind not in (None, "embedded"):
+        raise ConfigError("--adapter needs the embedded backend (it merges the adapter into the weights it serves)")
+    if not (adapter / "adapter_config.json").is_file():
+        raise ConfigError(f"{adapter} holds no LoRA adapter (adapter_config.json); give OUT/checkpoints/step-N")
+    if not (adapter / CHECKPOINT_FILE).is_file():  # a bare peft adapter folder: the model must be named
+        if model is None:
+            raise ConfigError(f"{adapter} is not an agentbolt checkpoint; name its base model with --model")
+        return model, None
+    info = read_checkpoint(adapter)
+    if model is not None and model != info.model:
+        raise ConfigError(f"{adapter} was trained from {info.model!r}, not {model!r}; drop --model or pass that one")
+    return info.model, info.model_version
 
 
 @app.command()
@@ -486,7 +528,9 @@ def inspect(
 
 @app.command(name="export-model")
 def export_model(
-    checkpoint: Path = typer.Argument(..., help="a checkpoint folder written by a training run: OUT/checkpoints/step-N"),
+    checkpoint: Path = typer.Argument(
+        ..., help="a checkpoint folder written by a training run: OUT/checkpoints/step-N"
+    ),
     out: Path = typer.Option(..., help="the folder to write (a Hugging Face model folder)"),
     gguf: bool = typer.Option(False, "--gguf", help="also write model.gguf for llama.cpp / Ollama (embedded models)"),
     gguf_dtype: str = typer.Option("f16", help="weight type of the GGUF: f16 (widest support) or bf16 (bit-exact)"),

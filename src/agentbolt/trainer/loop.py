@@ -199,7 +199,8 @@ class RLTrainer:
     Args:
         store: the store the runners and gateway use.
         backend: the inference backend serving the policy (paused during updates).
-        updater: the trainer backend that owns the policy's trainable weights.
+        updater: the trainer backend that owns the policy's trainable weights; ``None`` for a trainer that only
+            evaluates (:meth:`evaluate`; ``agentbolt eval --checkpoint``).
         config: run settings.
         gateway_url: root URL of the server, put into the ``LLM`` resource.
         sync_weights: called after each update, with the backend paused, to publish the new weights to the
@@ -223,7 +224,7 @@ class RLTrainer:
         self,
         store: LightningStore,
         backend: ServingBackend,
-        updater: PolicyUpdater,
+        updater: PolicyUpdater | None,
         config: GRPOConfig,
         *,
         gateway_url: str,
@@ -521,7 +522,7 @@ class RLTrainer:
         if self.sync_weights is None:  # the backend serves the trained module itself: no generation during the update
             stats = await asyncio.to_thread(self._update_paused, samples)
         else:
-            stats = dict(await asyncio.to_thread(self.updater.train_step, samples))
+            stats = dict(await asyncio.to_thread(self._updater().train_step, samples))
         swap_s = await self.swap_weights(f"step-{train_step}")
         if self.sync_weights is not None:
             stats["weight_sync_s"] = swap_s
@@ -673,6 +674,11 @@ class RLTrainer:
             self.versions.append(version)
         return time.perf_counter() - t0
 
+    def _updater(self) -> PolicyUpdater:
+        if self.updater is None:
+            raise ConfigError("this trainer only evaluates (it was built without an updater); it cannot train")
+        return self.updater
+
     def _value_head(self) -> ValueHeadUpdater:
         if not callable(getattr(self.updater, "values", None)):
             raise ConfigError(
@@ -683,7 +689,7 @@ class RLTrainer:
 
     def _update_paused(self, samples: list[TrainingSample]) -> dict[str, float]:
         with self.backend.paused():
-            return dict(self.updater.train_step(samples))
+            return dict(self._updater().train_step(samples))
 
     @staticmethod
     def _metrics(result: StepResult) -> list[Metric]:

@@ -10,6 +10,7 @@ so no rounding accumulates over steps.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -59,3 +60,32 @@ def load_weights(serving_model: torch.nn.Module, weights: dict[str, torch.Tensor
                 raise ValueError(f"{name}: serving shape {tuple(target.shape)} != policy shape {tuple(tensor.shape)}")
             target.copy_(tensor.to(target.device, target.dtype))
     return len(weights)
+
+
+def apply_adapter(serving_model: torch.nn.Module, adapter_dir: str | Path) -> int:
+    """Merge a saved LoRA adapter (peft format, e.g. a checkpoint ``OUT/checkpoints/step-N``) into
+    ``serving_model`` in place, exactly as the training gateway served it: ``W = W0 + scaling * (B @ A)`` computed
+    in float32 from ``serving_model``'s own weights, cast to their dtype (:func:`merged_lora_weights`). Returns how
+    many weight matrices changed.
+
+    ``serving_model`` must hold the base weights the adapter was trained from (the bf16 model, not already merged).
+
+    Raises:
+        ConfigError: the folder has no adapter, or it does not fit the model (another architecture).
+    """
+    import copy
+
+    from peft import PeftModel
+
+    from agentbolt.errors import ConfigError
+
+    folder = Path(adapter_dir)
+    if not (folder / "adapter_config.json").is_file():
+        raise ConfigError(f"{folder} holds no LoRA adapter (adapter_config.json); give OUT/checkpoints/step-N")
+    try:
+        peft_model = PeftModel.from_pretrained(copy.deepcopy(serving_model), str(folder))
+        return load_weights(serving_model, merged_lora_weights(peft_model))
+    except (KeyError, ValueError, RuntimeError) as exc:
+        raise ConfigError(
+            f"the adapter in {folder} does not fit this model ({exc}); serve the model it was trained from"
+        ) from None
