@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from agentbolt import LLM, rollout
+from agentbolt import LLM, emit_reward, rollout
 
 pytestmark = pytest.mark.slow
 
@@ -52,7 +52,9 @@ def length_agent(task: dict, llm: LLM) -> float:
         )
     finally:
         client.close()
-    return (len(reply.choices[0].message.content or "") % 5) / 4
+    reward = (len(reply.choices[0].message.content or "") % 5) / 4
+    emit_reward(reward, name="correct")  # the validation accuracy reads the reward named "correct"
+    return reward
 
 
 def load_train_tasks(size: int = 8) -> list[dict[str, Any]]:
@@ -251,3 +253,41 @@ def test_checkpoint_adapter_loads_with_plain_peft(tmp_path: Path, smollm2_dir: P
     theirs = {k: v for k, v in plain.state_dict().items() if "lora_" in k}
     assert ours.keys() == theirs.keys()
     assert all(torch.equal(ours[k], theirs[k].to(ours[k].dtype)) for k in ours)
+
+
+def test_eval_checkpoint_reproduces_the_after_accuracy(tmp_path: Path, smollm2_dir: Path) -> None:
+    """``agentbolt eval CONFIG --checkpoint`` in a fresh process scores the last checkpoint as the train job's "after"
+    evaluation did (greedy, same settings), and refuses a prompt-optimization option on an RL config."""
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(
+        CONFIG.replace("val_size: 0", "val_size: 2\neval_before: false").replace("steps: 3", "steps: 1")
+    )
+    out = tmp_path / "run"
+    env = {**os.environ, "AGENTBOLT_CACHE": str(smollm2_dir.parent.parent), "COLUMNS": "200"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "agentbolt.cli.main", *args],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+    trained = cli("train", str(config_path), "--out", str(out))
+    assert trained.returncode == 0, trained.stdout + trained.stderr
+    after = json.loads((out / "summary.json").read_text())["val_accuracy_after"]
+    assert set(after) == {"lengths"}
+    checkpoint = out / "checkpoints" / "step-1"
+    scored = cli("eval", str(config_path), "--checkpoint", str(checkpoint), "--split", "val")
+    assert scored.returncode == 0, scored.stdout + scored.stderr
+    result = json.loads((out / "eval-step-1-val" / "eval.json").read_text())
+    assert result["accuracy"] == after
+    assert result["model_version"] == "step-1" and result["step"] == 1 and result["n_tasks"] == {"lengths": 2}
+    assert "val accuracy of step-1" in scored.stdout
+
+    again = cli("eval", str(config_path), "--checkpoint", str(checkpoint))
+    assert again.returncode == 2 and "--overwrite" in again.stdout + again.stderr
+    wrong = cli("eval", str(config_path), "--resources", "rs-1")
+    assert wrong.returncode == 2 and "--checkpoint OUT/checkpoints/step-N" in wrong.stdout + wrong.stderr

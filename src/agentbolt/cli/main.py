@@ -387,29 +387,56 @@ def train(
 @app.command(name="eval")
 def eval_(
     config: Path = typer.Argument(
-        ..., help="YAML file of a prompt-optimization job, e.g. examples/room_agent/config.yaml"
+        ...,
+        help="YAML file of the job: an RL config with --checkpoint (examples/calc_agent/config.yaml), or a "
+        "prompt-optimization config with --resources (examples/room_agent/config.yaml)",
     ),
-    resources: str = typer.Option(..., help="the resources version to evaluate (rs-N)"),
-    split: str = typer.Option("val", help="val (the first validation set, val_size tasks) or test (load_test_tasks)"),
+    checkpoint: Path | None = typer.Option(
+        None, help="RL: the checkpoint to score, OUT/checkpoints/step-N (its LoRA adapter is served)"
+    ),
+    resources: str | None = typer.Option(None, help="prompt optimization: the resources version to evaluate (rs-N)"),
+    split: str = typer.Option(
+        "val", help="val (the validation tasks the train job scores) or test (the tasks module's load_test_tasks)"
+    ),
     store: Path | None = typer.Option(
-        None, help="the SQLite store file holding the version (default: out_dir/store.db of the config)"
+        None, help="prompt optimization: the SQLite store file holding the version (default: out_dir/store.db)"
     ),
-    out: Path | None = typer.Option(None, help="where eval.json is written (default: out_dir/eval-rs-N-SPLIT)"),
+    out: Path | None = typer.Option(
+        None,
+        help="where eval.json (and, for a checkpoint, a new store.db) is written (default: out_dir/eval-rs-N-SPLIT, "
+        "or OUT/eval-step-N-SPLIT beside the checkpoints)",
+    ),
+    overwrite: bool = typer.Option(False, help="checkpoint: replace the store of an earlier evaluation in --out"),
     set_: list[str] | None = typer.Option(
         None, "--set", help="override one setting of the config, as dotted.key=value (repeatable), e.g. --set model=..."
     ),
 ) -> None:
-    """Evaluate a stored resources version (its prompts) on a config's val or test tasks with the config's model and
-    agent; the rollouts go into the same store (mode val/test), the accuracy is printed and written to eval.json."""
+    """Score a trained agent on a config's val or test tasks with the config's model and agent: an RL checkpoint
+    (its adapter served; a new store in the output folder) or a stored prompt version (rollouts go into its store).
+    The accuracy table is printed and written to eval.json."""
     from agentbolt.errors import ConfigError
     from agentbolt.trainer.demo import TrainConfig, load_job_config
-    from agentbolt.trainer.evaluate import run_eval
 
     logging.basicConfig(level=logging.WARNING)
     try:
         job = load_job_config(config, list(set_ or []))
         if isinstance(job, TrainConfig):
-            raise ConfigError(f"{config} is an RL job; agentbolt eval takes a prompt-optimization config (apo/gepa)")
+            if checkpoint is None or resources is not None:
+                raise ConfigError(
+                    f"{config} is an RL job: score one of its checkpoints with --checkpoint OUT/checkpoints/step-N"
+                )
+            from agentbolt.trainer.checkpoint_eval import run_checkpoint_eval
+
+            _run_job(
+                run_checkpoint_eval(
+                    job, checkpoint=checkpoint, split=split, out_dir=out, overwrite=overwrite, console=console
+                )
+            )
+            return
+        if resources is None or checkpoint is not None:
+            raise ConfigError(f"{config} is a prompt-optimization job: name the prompt version with --resources rs-N")
+        from agentbolt.trainer.evaluate import run_eval
+
         _run_job(run_eval(job, resources_id=resources, split=split, store_path=store, out_dir=out, console=console))
     except (AgentboltError, ValidationError) as exc:
         _fail(exc)

@@ -1,0 +1,161 @@
+"""``agentbolt eval CONFIG --checkpoint OUT/checkpoints/step-N``: score a trained policy on an RL config's tasks.
+
+The job (:func:`run_checkpoint_eval`), in a fresh process that shares nothing with the training run but the files:
+
+1. reads the checkpoint (:func:`~agentbolt.trainer.checkpoint.read_checkpoint`) and checks it was trained from the
+   config's model;
+2. starts :func:`~agentbolt.trainer.local.local_serving` over a new SQLite store in the output folder (default
+   ``OUT/eval-step-N-SPLIT``) with the checkpoint's LoRA adapter merged into the served weights exactly as the
+   training gateway served them (:func:`~agentbolt.algorithms.rl.weight_sync.apply_adapter`), and runner processes
+   executing the config's agent;
+3. runs every task of the split once with the train job's evaluation settings (``grpo.eval_temperature``, greedy by
+   default, and ``grpo.max_tokens``) through :meth:`~agentbolt.trainer.loop.RLTrainer.evaluate`, the same code that
+   made the train job's "before"/"after" table;
+4. prints that table and writes ``eval.json``.
+
+Splits: ``val`` is every set of ``load_val_sets(val_size)`` (what the train job evaluates); ``test`` is
+``load_test_tasks()`` when the tasks module has it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from agentbolt.errors import ConfigError
+
+if TYPE_CHECKING:
+    from agentbolt.inference.embedded import EmbeddedBackend
+    from agentbolt.trainer.demo import TrainConfig
+
+EVAL_FILE = "eval.json"
+"""What :func:`run_checkpoint_eval` writes into its output folder."""
+
+
+def checkpoint_split_sets(config: TrainConfig, split: str) -> dict[str, list[dict[str, Any]]]:
+    """The task sets of ``split`` for an RL config: ``val``, ``load_val_sets(val_size)``; ``test``,
+    ``{"test": load_test_tasks()}``.
+
+    Raises:
+        ConfigError: an unknown split, ``val_size`` 0, a tasks module without ``load_test_tasks``, or no task.
+    """
+    from agentbolt.trainer.demo import load_tasks_module
+
+    module = load_tasks_module(config.tasks)
+    if split == "val":
+        if config.val_size == 0:
+            raise ConfigError("val_size is 0, so the config has no validation tasks; pass --set val_size=8")
+        sets = dict(module.load_val_sets(n_per_set=config.val_size))
+    elif split == "test":
+        if not callable(getattr(module, "load_test_tasks", None)):
+            raise ConfigError(f"tasks module {config.tasks!r} has no load_test_tasks(); use --split val")
+        sets = {"test": list(module.load_test_tasks())}
+    else:
+        raise ConfigError(f"split must be val or test, got {split!r}")
+    if not any(sets.values()):
+        raise ConfigError(f"the {split} split of {config.tasks!r} has no task")
+    return sets
+
+
+async def run_checkpoint_eval(
+    config: TrainConfig,
+    *,
+    checkpoint: Path,
+    split: str = "val",
+    out_dir: Path | None = None,
+    overwrite: bool = False,
+    console: Console | None = None,
+) -> dict[str, Any]:
+    """Evaluate the policy of ``checkpoint`` on ``split`` (see the module docstring); return what ``eval.json``
+    holds: ``accuracy`` (set -> fraction in [0, 1]), ``n_tasks`` per set, the checkpoint's path, step and weights
+    version, the split, the model, the evaluation settings and ``wall_seconds``.
+
+    Raises:
+        ConfigError: not a complete checkpoint, another model than the config's, a bad split, or an output folder
+            whose store exists without ``overwrite``; all before the model loads.
+    """
+    from agentbolt.algorithms.rl.weight_sync import apply_adapter
+    from agentbolt.runner.processes import load_agent
+    from agentbolt.trainer.checkpoint import read_checkpoint
+    from agentbolt.trainer.local import fresh_db_path, local_serving
+    from agentbolt.trainer.loop import RLTrainer
+
+    console = console or Console()
+    t_start = time.perf_counter()
+    info = read_checkpoint(checkpoint)
+    if info.model != config.model:
+        raise ConfigError(
+            f"{info.path} was trained from model {info.model!r}, but the config serves {config.model!r}; pass "
+            f"--set model={info.model}"
+        )
+    sets = checkpoint_split_sets(config, split)
+    load_agent(config.agent)
+    out = out_dir if out_dir is not None else info.path.parent.parent / f"eval-{info.path.name}-{split}"
+    db_path = fresh_db_path(out, overwrite=overwrite)
+    grpo = config.grpo
+
+    def merge_adapter(backend: EmbeddedBackend) -> None:
+        apply_adapter(backend.model, info.path)
+        backend.set_model_version(info.model_version)
+
+    n_tasks = sum(len(tasks) for tasks in sets.values())
+    console.print(
+        f"[bold]agentbolt eval[/]: {info.path} (step {info.step}, model {info.model}) on {split}: "
+        f"{ {name: len(tasks) for name, tasks in sets.items()} } tasks, temperature {grpo.eval_temperature}, "
+        f"max_tokens {grpo.max_tokens}"
+    )
+    async with local_serving(
+        model=config.model,
+        db_path=db_path,
+        agent=config.agent,
+        runner_processes=config.runner_processes,
+        runner_concurrency=config.runner_concurrency,
+        max_batch_size=config.max_batch_size,
+        batch_wait_s=config.batch_wait_s,
+        console=console,
+        device=config.device,
+        prepare=merge_adapter,
+    ) as serving:
+        evaluator = RLTrainer(
+            serving.store, serving.backend, None, grpo, gateway_url=serving.url, agent_match=config.agent_match
+        )
+        evaluator.checkpoint_paths[info.model_version] = str(info.path)
+        evaluator.last_train_step = info.step
+        progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+        )
+        with progress:
+            task_id = progress.add_task(f"eval {info.path.name}", total=n_tasks)
+            accuracy = await evaluator.evaluate(
+                sets,
+                on_progress=lambda done, total: progress.update(task_id, completed=done, total=total),
+                label=f"eval-{info.path.name}-{split}",
+            )
+    result = {
+        "checkpoint": str(info.path),
+        "step": info.step,
+        "model_version": info.model_version,
+        "model": info.model,
+        "split": split,
+        "accuracy": accuracy,
+        "n_tasks": {name: len(tasks) for name, tasks in sets.items()},
+        "eval_temperature": grpo.eval_temperature,
+        "max_tokens": grpo.max_tokens,
+        "store": str(db_path),
+        "wall_seconds": time.perf_counter() - t_start,
+    }
+    (out / EVAL_FILE).write_text(json.dumps(result, indent=2))
+    table = Table(title=f"{split} accuracy of {info.path.name}")
+    table.add_column("set")
+    table.add_column(info.path.name, justify="right")
+    for name, value in accuracy.items():
+        table.add_row(name, f"{value:.1%}")
+    console.print(table)
+    console.print(f"wrote {out / EVAL_FILE}; rollouts in {db_path}")
+    return result
