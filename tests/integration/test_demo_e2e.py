@@ -77,9 +77,9 @@ def test_demo_one_step_with_smollm2(tmp_path: Path, smollm2_dir: Path, monkeypat
             rewards = [s for s in spans if s.name == semconv.SPAN_REWARD]
             assert {s.attributes.get(semconv.REWARD_NAME) for s in rewards} >= {"correct", None}
             versions = await store.query_resources()
-            assert [v.metadata["purpose"] for v in versions] == ["before", "train", "checkpoint", "after"]
+            assert [v.metadata["purpose"] for v in versions] == ["run", "before", "train", "checkpoint", "after"]
             assert versions[-1].metadata["model_version"] == "step-1"
-            assert versions[-1].metadata["checkpoint"] == versions[2].metadata["checkpoint"] == on_disk[
+            assert versions[-1].metadata["checkpoint"] == versions[3].metadata["checkpoint"] == on_disk[
                 "checkpoints"
             ][0]["path"]
             assert {m.name for m in await store.query_metrics()} >= {"train_reward_mean", "update_s"}

@@ -120,6 +120,12 @@ class TrainConfig(_Config):
         return self
 
 
+RUN_PURPOSE = "run"
+"""``metadata["purpose"]`` of the resources version a train job writes when it starts (and again when it resumes):
+no resources, the metadata ``config`` (the resolved settings), ``out_dir`` (absolute) and ``resumed_from_step``
+(``None`` for a fresh run). The dashboard's Run page reads it."""
+
+
 def _peak_rss_mb() -> dict[str, float]:
     self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     child_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
@@ -493,6 +499,15 @@ async def run_training(config: TrainConfig, console: Console | None = None) -> d
                 trackers.log(by_step[step], step)
 
         trainer.metric_listeners.append(to_trackers)
+        await store.add_resources(
+            {},
+            metadata={
+                "purpose": RUN_PURPOSE,
+                "config": json.loads(config.model_dump_json()),
+                "out_dir": str(config.out_dir.resolve()),
+                "resumed_from_step": None if resume_info is None else resume_info.step,
+            },
+        )
         if config.resume:
             cancelled = await cancel_unfinished(store)
             where = "from the start" if resume_info is None else f"from {resume_info.path} (step {resume_info.step})"
