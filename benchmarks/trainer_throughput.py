@@ -187,7 +187,7 @@ def run_agentbolt(spec: dict[str, Any], batch: dict[str, Any]) -> dict[str, Any]
     """Time ``TorchPolicyTrainer.train_step`` on the batch (see the module docstring)."""
     import dataclasses
 
-    from agentbolt.algorithms.rl.samples import TrainingSample
+    from agentbolt.adapter.samples import TrainingSample
     from agentbolt.algorithms.rl.torch_backend import TorchPolicyTrainer, TorchTrainerConfig, attach_lora
 
     config = TorchTrainerConfig(

@@ -434,7 +434,7 @@ def _peak_device_memory(device: str) -> int | None:
 def synthetic_samples(args: argparse.Namespace, vocab_size: int) -> list[Any]:
     """``--train-samples`` samples in groups of ``--group-size`` sharing a prompt; advantages are ``+-1`` (never 0,
     so every sample is trained); sampling logprobs are filled in later by the policy."""
-    from agentbolt.algorithms.rl.samples import TrainingSample
+    from agentbolt.adapter.samples import TrainingSample
 
     rng = random.Random(args.seed)
     p_lo, p_hi = _int_list(args.prompt_range)

@@ -23,23 +23,23 @@ class GRPOConfig(_Config):
         temperature: sampling temperature of training rollouts (the trainer's logprobs use the same one).
         max_tokens: per-call generation limit handed to the agent through the LLM resource.
         eval_temperature: temperature of validation rollouts (0 = greedy).
-        credit_assignment: name in :data:`agentbolt.algorithms.rl.credit.CREDIT_ASSIGNMENT` (``broadcast``,
+        credit_assignment: name in :data:`agentbolt.adapter.credit.CREDIT_ASSIGNMENT` (``broadcast``,
             ``discounted``, ``intermediate`` or a registered user function).
         credit_gamma: the per-turn discount in ``(0, 1]`` of ``discounted`` (default 0.9), and, when set, of the
             outcome part of ``intermediate``; ``None`` for other schemes.
         air_weights: reward per AIR signal for ``intermediate`` (fields of
-            :class:`agentbolt.algorithms.rl.credit.AIRWeights`: ``tool_call_ok``, ``tool_call_failed``,
+            :class:`agentbolt.adapter.credit.AIRWeights`: ``tool_call_ok``, ``tool_call_failed``,
             ``exception``, ``format_valid``, ``format_invalid``); missing ones keep their defaults.
-        advantage_estimator: name in :data:`agentbolt.algorithms.rl.advantages.ADVANTAGE_ESTIMATORS` or
+        advantage_estimator: name in :data:`agentbolt.adapter.advantages.ADVANTAGE_ESTIMATORS` or
             ``BATCH_ADVANTAGE_ESTIMATORS`` (``grpo``, ``grpo_no_std``, ``rloo``, ``reinforce_pp``,
             ``reinforce_pp_baseline``), or ``gae`` (PPO with a value head on the policy: token-level GAE, needs a
             trainer backend with a value head).
         truncated: what to do with a response cut at ``max_tokens`` (``finish_reason == "length"``): ``keep`` (train
             it like any other), ``mask`` (context only, loss mask 0) or ``penalize`` (its reward becomes
-            ``truncated_reward``); see :mod:`agentbolt.algorithms.rl.per_transition`.
+            ``truncated_reward``); see :mod:`agentbolt.adapter.per_transition`.
         truncated_reward: the reward of a cut response under ``penalize`` (unit: reward; default -1.0).
         merge_samples: merge consecutive calls whose prompt extends the previous prompt + response into one sample
-            (:func:`agentbolt.algorithms.rl.samples.merge_transitions`).
+            (:func:`agentbolt.adapter.samples.merge_transitions`).
         rollout_timeout_s: lease of one attempt; an attempt running longer is marked ``timeout``.
         max_attempts: tries per rollout (retries only on timeout/unresponsive).
         accuracy_reward_name: the named reward that evaluation reads as accuracy (0 or 1).
@@ -48,7 +48,7 @@ class GRPOConfig(_Config):
             :meth:`agentbolt.trainer.loop.RLTrainer.train`): 0 = synchronous; ``k`` = runners keep generating the
             next ``k`` steps' rollouts while the trainer updates, so a batch holds calls up to ``k`` versions old.
         max_staleness: under asynchronous training, calls made by weights more than this many versions behind the
-            trainer's are stale (:mod:`agentbolt.algorithms.rl.staleness`); ``None``: ``async_rollouts``.
+            trainer's are stale (:mod:`agentbolt.adapter.staleness`); ``None``: ``async_rollouts``.
         stale_policy: ``drop`` stale calls (loss mask 0) or ``reweight`` them (advantage times
             ``stale_decay ** (staleness - max_staleness)``).
         stale_decay: the per-version weight of ``reweight``, in ``(0, 1]``.

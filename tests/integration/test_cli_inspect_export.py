@@ -23,14 +23,14 @@ from pathlib import Path
 import pytest
 
 from agentbolt import emit_reward, rollout
-from agentbolt.algorithms.rl.credit import build_credit_scheme
+from agentbolt.adapter.batch import samples_for_step, select_trajectories
+from agentbolt.adapter.credit import build_credit_scheme
 from agentbolt.cli.export import load_rl_samples
 from agentbolt.client import HttpLightningStore
 from agentbolt.runner.worker import Runner
 from agentbolt.server.app import create_app
 from agentbolt.server.serving import serve_in_background
 from agentbolt.store.sqlite import SqliteLightningStore
-from agentbolt.trainer.batch import samples_for_step, select_trajectories
 from agentbolt.types import LLM, RolloutStatus
 
 pytestmark = pytest.mark.slow

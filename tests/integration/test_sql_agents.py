@@ -35,7 +35,7 @@ from openai.types.chat import ChatCompletion
 
 from agentbolt import semconv
 from agentbolt.adapter import build_trajectory
-from agentbolt.algorithms.rl.samples import TrainingSample
+from agentbolt.adapter.samples import TrainingSample
 from agentbolt.config import GRPOConfig
 from agentbolt.trainer.loop import StepResult
 from agentbolt.types import Rollout, RolloutStatus, Span

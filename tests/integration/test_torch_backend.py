@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from agentbolt.algorithms.rl.samples import TrainingSample
+from agentbolt.adapter.samples import TrainingSample
 from agentbolt.algorithms.rl.torch_backend import TorchPolicyTrainer, TorchTrainerConfig, attach_lora
 
 pytestmark = pytest.mark.slow

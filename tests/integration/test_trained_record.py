@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agentbolt.algorithms.rl.samples import TrainingSample
+from agentbolt.adapter.samples import TrainingSample
 from agentbolt.cli.export import ExportConfig, load_rl_samples, run_export
 from agentbolt.config import GRPOConfig
 from agentbolt.trainer.loop import StepResult

@@ -28,7 +28,7 @@ import pytest
 from agentbolt import semconv
 from agentbolt.adapter import build_trajectory, join_llm_calls
 from agentbolt.adapter.join import canonical_messages, tracer_request_messages
-from agentbolt.algorithms.rl.samples import samples_from_trajectories
+from agentbolt.adapter.samples import samples_from_trajectories
 from agentbolt.errors import ConfigError
 from agentbolt.server.gateway.openai_format import backend_messages
 from agentbolt.types import Rollout, Span, SpanStatus, TrajectoryFlag

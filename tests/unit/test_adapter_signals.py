@@ -8,8 +8,8 @@ import pytest
 
 from agentbolt import semconv
 from agentbolt.adapter import build_trajectory
+from agentbolt.adapter.credit import AIRWeights, intermediate
 from agentbolt.adapter.signals import air_counts, attach_rewards, infrastructure_failure, is_tool_span
-from agentbolt.algorithms.rl.credit import AIRWeights, intermediate
 from agentbolt.types import Rollout, Span, SpanStatus
 from agentbolt.types.core import AttemptStatus
 

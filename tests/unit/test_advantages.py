@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from agentbolt.algorithms.rl.advantages import (
+from agentbolt.adapter.advantages import (
     ADVANTAGE_ESTIMATORS,
     BATCH_ADVANTAGE_ESTIMATORS,
     advantages_by_group,

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from agentbolt import semconv
-from agentbolt.algorithms.rl.credit import build_credit_scheme
+from agentbolt.adapter.batch import samples_for_step, select_trajectories
+from agentbolt.adapter.credit import build_credit_scheme
 from agentbolt.cli.export import load_rl_samples, read_rows, rl_rows, sample_of_row, sft_row, sft_rows, write_rows
 from agentbolt.cli.inspect_cmd import span_tree
 from agentbolt.cli.stores import FinishedRollout, open_store
 from agentbolt.errors import ConfigError
-from agentbolt.trainer.batch import samples_for_step, select_trajectories
 from agentbolt.trainer.trained_record import trained_samples
 from agentbolt.types import Attempt, AttemptStatus, Rollout, RolloutMode, RolloutStatus, Span, SpanStatus
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from agentbolt.algorithms.rl.credit import (
+from agentbolt.adapter.credit import (
     AIR_EXCEPTIONS,
     AIR_FORMAT_VALID,
     AIR_TOOL_CALLS_FAILED,

@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from agentbolt.algorithms.rl.credit import BROADCAST, build_credit_scheme, discounted
-from agentbolt.algorithms.rl.per_transition import apply_truncation_policy, outcome_scales, transition_advantages
+from agentbolt.adapter.batch import samples_for_step
+from agentbolt.adapter.credit import BROADCAST, build_credit_scheme, discounted
+from agentbolt.adapter.per_transition import apply_truncation_policy, outcome_scales, transition_advantages
 from agentbolt.config import GRPOConfig
 from agentbolt.errors import ConfigError
-from agentbolt.trainer.batch import samples_for_step
 from agentbolt.types import Trajectory, Transition
 
 SQRT_HALF = math.sqrt(0.5)  # 0.70711: the sample std of rewards [1, 0]: sqrt(((1-.5)^2 + (0-.5)^2) / (2-1))

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from agentbolt.algorithms.rl.advantages import check_estimator_name, compute_advantages
-from agentbolt.algorithms.rl.credit import BROADCAST
-from agentbolt.algorithms.rl.ppo_gae import rollout_gae, step_rewards
-from agentbolt.algorithms.rl.samples import TrainingSample, merge_transitions
+from agentbolt.adapter.advantages import check_estimator_name, compute_advantages
+from agentbolt.adapter.batch import samples_for_step
+from agentbolt.adapter.credit import BROADCAST
+from agentbolt.adapter.per_transition import step_rewards
+from agentbolt.adapter.samples import TrainingSample, merge_transitions
+from agentbolt.algorithms.rl.ppo_gae import rollout_gae
 from agentbolt.config import GRPOConfig
 from agentbolt.errors import ConfigError
-from agentbolt.trainer.batch import samples_for_step
 from agentbolt.types import Trajectory, Transition
 
 

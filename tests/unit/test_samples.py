@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from agentbolt.algorithms.rl.losses import rollout_mean_weights
-from agentbolt.algorithms.rl.samples import (
+from agentbolt.adapter.samples import (
     TrainingSample,
     build_samples,
     merge_transitions,
     plan_micro_batches,
     samples_from_trajectories,
 )
+from agentbolt.algorithms.rl.losses import rollout_mean_weights
 from agentbolt.errors import ConfigError
 from agentbolt.types import Trajectory, Transition
 

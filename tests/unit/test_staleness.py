@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from agentbolt.algorithms.rl.credit import BROADCAST
-from agentbolt.algorithms.rl.staleness import apply_staleness, staleness_weight, version_staleness
+from agentbolt.adapter.batch import StalenessSettings, samples_for_step
+from agentbolt.adapter.credit import BROADCAST
+from agentbolt.adapter.staleness import apply_staleness, staleness_weight, version_staleness
 from agentbolt.errors import ConfigError
-from agentbolt.trainer.batch import StalenessSettings, samples_for_step
 from agentbolt.types import Trajectory, Transition
 
 VERSIONS = ("base", "step-1", "step-2")

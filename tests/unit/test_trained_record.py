@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from agentbolt.algorithms.rl.credit import build_credit_scheme
-from agentbolt.algorithms.rl.samples import SampleCall, TrainingSample
+from agentbolt.adapter.batch import StalenessSettings, samples_for_step
+from agentbolt.adapter.credit import build_credit_scheme
+from agentbolt.adapter.samples import SampleCall, TrainingSample
 from agentbolt.errors import AgentboltError
-from agentbolt.trainer.batch import StalenessSettings, samples_for_step
 from agentbolt.trainer.trained_record import loss_mask_ranges, trained_samples, update_can_learn
 from agentbolt.types import TrainedCall, TrainedSample, Trajectory, Transition
 

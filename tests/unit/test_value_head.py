@@ -10,7 +10,7 @@ import pytest
 import torch
 from tiny_models import tiny_qwen2
 
-from agentbolt.algorithms.rl.samples import TrainingSample
+from agentbolt.adapter.samples import TrainingSample
 from agentbolt.algorithms.rl.torch_backend import TorchPolicyTrainer, TorchTrainerConfig, attach_lora
 from agentbolt.errors import ConfigError
 

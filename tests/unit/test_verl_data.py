@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from agentbolt.algorithms.rl.samples import TrainingSample, merge_transitions
+from agentbolt.adapter.samples import TrainingSample, merge_transitions
 from agentbolt.algorithms.rl.verl.data import (
     ADVANTAGES,
     ATTENTION_MASK,

@@ -42,7 +42,7 @@ Pure: no I/O, no store, no tracer. The rules, in the order they are applied:
    ``agent_match``); ``no_matching_agent`` when there were trainable calls and ``agent_match`` selected none.
 8. **task_id** is ``str(rollout.metadata[task_id_key])``, falling back to ``rollout.rollout_id`` (a group of one).
 
-``Transition.reward`` stays ``None`` here; credit assignment (:mod:`agentbolt.algorithms.rl.credit`) sets it from
+``Transition.reward`` stays ``None`` here; credit assignment (:mod:`agentbolt.adapter.credit`) sets it from
 ``final_reward``, the attached rewards and the AIR signals.
 """
 

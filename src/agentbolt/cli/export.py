@@ -8,14 +8,14 @@ Two kinds of rows:
   it returned (:func:`agentbolt.algorithms.apo.store_evaluator.conversation`; a tool loop re-sends the whole
   conversation, so the last call holds it all). Keys whose value is ``None`` are left out of each message.
 - **rl**, one row per training sample exactly as the trainer built it, with its provenance: the rows and their
-  columns are built by :func:`agentbolt.trainer.export_rows.rl_rows` (see :mod:`agentbolt.trainer.export_rows`,
+  columns are built by :func:`agentbolt.adapter.export_rows.rl_rows` (see :mod:`agentbolt.adapter.export_rows`,
   shared with the dashboard's transitions route). By default (``advantages: recorded``) the rollouts a trainer
   recorded come out as the update received them: its advantages, loss masks, sample boundaries and credited rewards
   (column ``advantage_source`` = ``trained``), whatever settings the run used; the other rollouts (val/test, or a
   store written before the trainer recorded its batches) are recomputed with ``credit_assignment``,
   ``advantage_estimator``, ``merge_samples`` and ``agent_match`` (``advantage_source`` = ``recomputed``).
   ``advantages: recomputed`` recomputes every rollout, records or not. :func:`load_rl_samples` reads a file back into
-  the :class:`~agentbolt.algorithms.rl.samples.TrainingSample` objects the torch trainer consumes.
+  the :class:`~agentbolt.adapter.samples.TrainingSample` objects the torch trainer consumes.
 
 Parquet needs pyarrow (``pip install 'agentbolt[export]'``). A nested SFT column that pyarrow cannot give one type
 (e.g. messages whose ``content`` is text in one row and a list of parts in another) is written as JSON text.
@@ -33,11 +33,11 @@ from pydantic import BaseModel, ConfigDict
 from rich.console import Console
 
 from agentbolt import semconv
+from agentbolt.adapter.export_rows import FinishedRollout, rl_rows, sample_of_row
 from agentbolt.adapter.join import is_gateway_llm_span
+from agentbolt.adapter.samples import TrainingSample
 from agentbolt.algorithms.apo.store_evaluator import conversation
-from agentbolt.algorithms.rl.samples import TrainingSample
 from agentbolt.errors import ConfigError
-from agentbolt.trainer.export_rows import FinishedRollout, rl_rows, sample_of_row
 from agentbolt.types import RolloutMode, RolloutStatus, Span, TrainedSample
 
 ExportKind = Literal["sft", "rl"]

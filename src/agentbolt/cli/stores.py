@@ -14,9 +14,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from agentbolt.adapter.export_rows import FinishedRollout
 from agentbolt.errors import ConfigError
 from agentbolt.store.base import LightningStore
-from agentbolt.trainer.export_rows import FinishedRollout
 from agentbolt.types import Rollout, RolloutMode, RolloutStatus
 
 PAGE_SIZE = 500

@@ -7,7 +7,7 @@ version, an error summary and metric names. Read-only; every route goes through 
   the rewards, advantages, loss masks and sample boundaries are those the update used, whatever the estimator, credit
   scheme, staleness rule or ``agent_match`` (``advantage_source: "trained"``). Otherwise (a val/test rollout, a store
   written before the trainer recorded its batches) they are recomputed as ``agentbolt export --kind rl`` does
-  (:func:`agentbolt.trainer.export_rows.rl_rows`, GRPO and ``broadcast`` credit, unmerged) over the rollout's group:
+  (:func:`agentbolt.adapter.export_rows.rl_rows`, GRPO and ``broadcast`` credit, unmerged) over the rollout's group:
   the finished rollouts with the same ``metadata.task_id``, ``metadata.train_step``, mode and resources version
   (``advantage_source: "recomputed"``; the run may have used other settings).
 - ``GET /v1/resources/scores``: rollout count and mean ``final_reward`` per resources version, overall and by mode
@@ -34,6 +34,7 @@ from pydantic import BaseModel, ValidationError
 
 from agentbolt import semconv
 from agentbolt.adapter import build_trajectory
+from agentbolt.adapter.export_rows import FinishedRollout, rl_rows
 from agentbolt.adapter.signals import infrastructure_failure, is_tool_span
 from agentbolt.store import rules
 from agentbolt.store.base import LightningStore
@@ -187,8 +188,6 @@ def _texts(tokenizer: Any, ids: Sequence[int]) -> list[str | None]:
 async def _group_rows(store: LightningStore, rollout: Rollout, attempt: Attempt) -> dict[str, dict[str, Any]]:
     """The ``rl`` rows of ``rollout`` (span id of their one call -> row), computed over its group; ``{}`` when it
     has no group (no ``task_id``) or is not trained."""
-    from agentbolt.trainer.export_rows import FinishedRollout, rl_rows  # the trainer's batch code: loaded on use
-
     task_id = rollout.metadata.get("task_id")
     if task_id is None or rollout.mode is not RolloutMode.TRAIN:
         return {}

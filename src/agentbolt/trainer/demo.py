@@ -385,9 +385,9 @@ async def run_training(config: TrainConfig, console: Console | None = None) -> d
     """
     console = console or Console()
     t_start = time.perf_counter()
+    from agentbolt.adapter.advantages import check_estimator_name
     from agentbolt.adapter.agents import compile_agent_match
-    from agentbolt.algorithms.rl.advantages import check_estimator_name
-    from agentbolt.algorithms.rl.credit import build_credit_scheme
+    from agentbolt.adapter.credit import build_credit_scheme
     from agentbolt.algorithms.rl.torch_backend import TorchTrainerConfig
     from agentbolt.inference.model_files import get_model_spec
     from agentbolt.runner.processes import load_agent

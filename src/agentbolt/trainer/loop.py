@@ -34,17 +34,17 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from agentbolt.adapter import build_trajectory, last_reward
+from agentbolt.adapter.advantages import VALUE_HEAD_ESTIMATOR, check_estimator_name
 from agentbolt.adapter.agents import compile_agent_match
-from agentbolt.algorithms.rl.advantages import VALUE_HEAD_ESTIMATOR, check_estimator_name
-from agentbolt.algorithms.rl.credit import build_credit_scheme
+from agentbolt.adapter.batch import StalenessSettings, samples_for_step, select_trajectories
+from agentbolt.adapter.credit import build_credit_scheme
+from agentbolt.adapter.samples import TrainingSample
+from agentbolt.adapter.staleness import StalenessReport
 from agentbolt.algorithms.rl.ppo_gae import rollout_gae
-from agentbolt.algorithms.rl.samples import TrainingSample
-from agentbolt.algorithms.rl.staleness import StalenessReport
 from agentbolt.config import GRPOConfig
 from agentbolt.errors import ConfigError
 from agentbolt.server.gateway.swap import WeightSwapGate
 from agentbolt.store.base import EnqueueRequest, LightningStore
-from agentbolt.trainer.batch import StalenessSettings, samples_for_step, select_trajectories
 from agentbolt.trainer.trained_record import record_trained_batch
 from agentbolt.types import (
     LLM,

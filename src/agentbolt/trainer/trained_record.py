@@ -20,12 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agentbolt.algorithms.rl.samples import TrainingSample
-from agentbolt.algorithms.rl.staleness import MODEL_VERSION_KEY, staleness_weight, version_staleness
+from agentbolt.adapter.batch import StalenessSettings
+from agentbolt.adapter.samples import TrainingSample
+from agentbolt.adapter.staleness import MODEL_VERSION_KEY, staleness_weight, version_staleness
 from agentbolt.config import GRPOConfig
 from agentbolt.errors import AgentboltError
 from agentbolt.store.base import LightningStore
-from agentbolt.trainer.batch import StalenessSettings
 from agentbolt.types import TrainedCall, TrainedSample, Trajectory, Transition
 
 
@@ -86,7 +86,7 @@ def trained_samples(
     Args:
         train_step: the step whose update receives ``samples``.
         samples: the batch exactly as the update receives it; each sample's ``calls`` name its merged transitions
-            (:func:`~agentbolt.algorithms.rl.samples.merge_transitions` sets them).
+            (:func:`~agentbolt.adapter.samples.merge_transitions` sets them).
         trajectories: the step's trained trajectories, after credit assignment (which wrote each transition's
             ``reward``); they give each sample's attempt and each call's reward and weights version.
         advantage_estimator / credit_assignment: the names of the settings that made the advantages.

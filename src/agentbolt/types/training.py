@@ -14,7 +14,7 @@ from typing import Any, Final
 from pydantic import BaseModel, Field, model_validator
 
 # Keys of ``Transition.metadata`` that the adapter sets (:mod:`agentbolt.adapter.signals`) and credit assignment
-# reads (:mod:`agentbolt.algorithms.rl.credit`). A missing key means "no such signal".
+# reads (:mod:`agentbolt.adapter.credit`). A missing key means "no such signal".
 REWARDS_ATTACHED: Final = "rewards"
 """list[[sequence_id, value]]: the reward spans attached to this call (each reward goes to the latest LLM call
 recorded before it, by store sequence order), named or not, in order."""
@@ -120,7 +120,7 @@ class TrainedCall(BaseModel):
         response_start / response_end: ``[start, end)`` positions of the call's response tokens in the sample.
         reward: the reward credit assignment gave the call (``None``: none was given).
         staleness: how many weights versions the call's weights were behind the trainer's when it trained
-            (:mod:`agentbolt.algorithms.rl.staleness`); ``None`` under synchronous training, or for a version the
+            (:mod:`agentbolt.adapter.staleness`); ``None`` under synchronous training, or for a version the
             trainer never published (then ``staleness_weight`` is 0).
         staleness_weight: what the staleness rule multiplied the call's advantage by: 1.0 for a fresh call, 0.0 for a
             dropped one (its loss mask is 0, it is context only), in between under ``stale_policy: reweight``.

@@ -3,11 +3,12 @@
 The advantage estimator ``gae`` replaces the group baseline of GRPO-style estimators by a learned value ``V(s)``,
 one estimate per generated token (the trainer's value head, :mod:`agentbolt.algorithms.rl.torch_backend`). Its
 data path, after credit assignment gave each transition ``t`` of a trajectory a reward ``r_t``
-(:mod:`agentbolt.algorithms.rl.credit`) and the trajectory's outcome is ``R``:
+(:mod:`agentbolt.adapter.credit`) and the trajectory's outcome is ``R``:
 
-1. **Step rewards** (:func:`step_rewards`): transition ``t`` earns ``d_t = r_t - R`` for ``t < T - 1`` and
+1. **Step rewards** (:func:`~agentbolt.adapter.per_transition.step_rewards`, torch-free, so the batch code below
+   the server can make them): transition ``t`` earns ``d_t = r_t - R`` for ``t < T - 1`` and
    ``d_{T-1} = r_{T-1}``, placed on its last response token
-   (:func:`~agentbolt.algorithms.rl.samples.merge_transitions`).
+   (:func:`~agentbolt.adapter.samples.merge_transitions`).
    So ``sum_t d_t = R + sum_t (r_t - R)``: under ``broadcast`` the outcome alone, on the last token; under
    ``intermediate`` (AIR) each call's shaping bonus on its own last token plus the outcome at the end. The
    ``discounted`` scheme is refused with ``gae`` (:class:`~agentbolt.config.GRPOConfig`): discounting is ``gamma``'s
@@ -29,36 +30,16 @@ regressed on ``returns_k`` (eq. 9's ``L^VF``, squared error, weight ``vf_coef``)
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 
 import torch
 
+from agentbolt.adapter.samples import TrainingSample
 from agentbolt.algorithms.rl.gae import gae_advantages
-from agentbolt.algorithms.rl.samples import TrainingSample
 from agentbolt.errors import ConfigError
 
 GAE_ESTIMATOR = "gae"
 """The estimator name that selects PPO with a value head."""
-
-
-def step_rewards(rewards_T: Sequence[float], outcome: float) -> list[float]:
-    """Per-transition step rewards of one trajectory (module docstring, step 1).
-
-    Args:
-        rewards_T: ``(T,)`` the credited reward of each transition.
-        outcome: ``R``, the trajectory's final reward.
-
-    Returns:
-        ``(T,)`` ``[r_0 - R, ..., r_{T-2} - R, r_{T-1}]``; empty for an empty trajectory.
-
-    Raises:
-        ConfigError: a value is not finite.
-    """
-    if not all(math.isfinite(float(r)) for r in rewards_T) or not math.isfinite(float(outcome)):
-        raise ConfigError("rewards and the outcome must be finite for GAE step rewards")
-    n = len(rewards_T)
-    return [float(r) - float(outcome) if t < n - 1 else float(r) for t, r in enumerate(rewards_T)]
 
 
 def rollout_gae(
@@ -72,7 +53,7 @@ def rollout_gae(
 
     Args:
         samples: the batch's samples, each with ``token_rewards``; the samples of one rollout in trajectory order
-            (as :func:`~agentbolt.algorithms.rl.samples.build_samples` makes them; other rollouts may sit between).
+            (as :func:`~agentbolt.adapter.samples.build_samples` makes them; other rollouts may sit between).
         values: ``values[i][k]`` is ``V(s_k)`` of sample ``i``'s token ``k`` (read on trained tokens only), one
             list of ``len(input_ids)`` floats per sample.
         gamma / lam: GAE's discount and lambda, in ``[0, 1]``.

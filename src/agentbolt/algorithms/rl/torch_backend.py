@@ -11,7 +11,7 @@ One ``train_step``:
 
 1. drop samples with advantage exactly 0 (no gradient under GRPO-style estimators) or no trained token;
 2. sort by length and pack right-padded micro-batches of at most ``micro_batch_tokens`` tokens, padding included
-   (:func:`~agentbolt.algorithms.rl.samples.plan_micro_batches`);
+   (:func:`~agentbolt.adapter.samples.plan_micro_batches`);
 3. per micro-batch: forward in the model's own dtype (bf16 for the embedded model), token logprobs of the actual next
    tokens with a float32 log-softmax, PPO-clip with the whole batch's token count as normalizer, backward;
 4. clip the gradient norm and take one AdamW step (skipped, with the gradient dropped, when the norm is not finite).
@@ -54,8 +54,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch.utils.checkpoint import checkpoint
 
+from agentbolt.adapter.samples import TrainingSample, plan_micro_batches
 from agentbolt.algorithms.rl.losses import Aggregation, KLEstimator, ppo_clip_loss, rollout_mean_weights
-from agentbolt.algorithms.rl.samples import TrainingSample, plan_micro_batches
 from agentbolt.errors import ConfigError
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ key                shape        dtype   meaning
 ================== ============ ======= ======================================================================
 
 **Mapping a sample.** The prompt is every token before the sample's first trained token (``loss_mask == 1``); the
-response is the rest, so a merged sample (:func:`~agentbolt.algorithms.rl.samples.merge_transitions`) keeps its
+response is the rest, so a merged sample (:func:`~agentbolt.adapter.samples.merge_transitions`) keeps its
 later tool/user tokens inside the response with ``response_mask`` 0, as verl's multi-turn agent loop does.
 ``old_log_probs`` are our ``sampling_logprobs`` (the gateway's), so verl's PPO ratio is anchored at the sampling
 policy, like :mod:`agentbolt.algorithms.rl.torch_backend` without ``tis_cap``. Non-tensor fields travel beside the
@@ -53,7 +53,7 @@ from typing import Final
 
 import torch
 
-from agentbolt.algorithms.rl.samples import TrainingSample
+from agentbolt.adapter.samples import TrainingSample
 from agentbolt.errors import ConfigError
 from agentbolt.types import Transition
 
@@ -347,7 +347,7 @@ def transitions_from_verl_generation(
 
     A row's response is cut at its runs of ``response_mask == 1``: each run is one LLM call whose prompt is the
     row's prompt plus every response token before the run (earlier calls and the tool/user tokens between them).
-    This is the inverse of :func:`~agentbolt.algorithms.rl.samples.merge_transitions`. Without ``response_mask``
+    This is the inverse of :func:`~agentbolt.adapter.samples.merge_transitions`. Without ``response_mask``
     the whole response is one call.
 
     Args:

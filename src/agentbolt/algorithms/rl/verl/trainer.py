@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentbolt.algorithms.rl.samples import TrainingSample
+from agentbolt.adapter.samples import TrainingSample
 from agentbolt.algorithms.rl.verl.config import VerlTrainerConfig
 from agentbolt.algorithms.rl.verl.data import VerlBatch, batch_temperature, pad_rows, samples_to_verl
 

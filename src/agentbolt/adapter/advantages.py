@@ -38,8 +38,8 @@ import math
 from collections.abc import Callable, Hashable, Sequence
 from typing import TypeVar
 
-from agentbolt.algorithms.registry import Registry
 from agentbolt.errors import ConfigError
+from agentbolt.registry import Registry
 
 K = TypeVar("K", bound=Hashable)
 

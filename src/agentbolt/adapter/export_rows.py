@@ -11,7 +11,7 @@ Two sources (column ``advantage_source``):
   logprobs are read from the recorded LLM spans.
 - ``recomputed``: rollouts without a record (val/test rollouts, stores written before the trainer recorded its
   batches) are split into the trainer's step batches (by ``mode`` and ``metadata["train_step"]``), and each batch goes
-  through :func:`~agentbolt.trainer.batch.select_trajectories` and :func:`~agentbolt.trainer.batch.samples_for_step`
+  through :func:`~agentbolt.adapter.batch.select_trajectories` and :func:`~agentbolt.adapter.batch.samples_for_step`
   (the given credit scheme, advantage estimator per ``(task_id, resources_id)`` group, merging).
 
 Columns (:data:`RL_COLUMNS`):
@@ -20,14 +20,14 @@ Columns (:data:`RL_COLUMNS`):
 model generated, 0 on tool/user tokens merged in between, whose logprob is 0.0); ``span_ids`` and
 ``transition_rewards`` list the merged LLM calls (gateway span ids) and the reward credit gave each. A rollout whose
 ``resources_id`` was left to claim time is grouped by its latest attempt's. :func:`sample_of_row` turns a row back into
-the :class:`~agentbolt.algorithms.rl.samples.TrainingSample` the torch trainer consumes. ``advantage_estimator`` and
+the :class:`~agentbolt.adapter.samples.TrainingSample` the torch trainer consumes. ``advantage_estimator`` and
 ``credit_assignment`` name the settings that made ``advantage``; ``trained`` says whether the update could learn from a
 recorded sample (False: skipped for an advantage of exactly 0; ``None`` when recomputed); under ``gae``,
 ``response_token_advantages`` and ``response_token_returns`` hold the per-token values (0.0 on untrained tokens;
 ``None`` otherwise).
 
-Pure functions over rollouts already read from a store (:class:`FinishedRollout`); no I/O. Importing this module does
-not import torch (the trainer's batch code is imported when :func:`rl_rows` runs).
+Pure functions over rollouts already read from a store (:class:`FinishedRollout`); no I/O and no torch, so the server
+(L2) and ``agentbolt export`` use them with the ``[server]`` extra alone.
 """
 
 from __future__ import annotations
@@ -37,7 +37,10 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from agentbolt.adapter import build_trajectory
-from agentbolt.algorithms.rl.samples import TrainingSample
+from agentbolt.adapter.advantages import VALUE_HEAD_ESTIMATOR, check_estimator_name
+from agentbolt.adapter.batch import TrajectorySelection, samples_for_step, select_trajectories
+from agentbolt.adapter.credit import build_credit_scheme
+from agentbolt.adapter.samples import TrainingSample
 from agentbolt.errors import AgentboltError, ConfigError
 from agentbolt.types import Attempt, Rollout, RolloutMode, Span, TrainedSample, Trajectory
 
@@ -119,7 +122,7 @@ def rows_of_samples(
     credit_assignment: str = "broadcast",
 ) -> list[dict[str, Any]]:
     """The recomputed ``rl`` rows (:data:`RL_COLUMNS`) of one step batch: ``samples`` as made from ``trajectories``
-    by :func:`~agentbolt.trainer.batch.samples_for_step` (which wrote each transition's credited ``reward``) with
+    by :func:`~agentbolt.adapter.batch.samples_for_step` (which wrote each transition's credited ``reward``) with
     the named settings."""
     by_rollout: dict[str, list[TrainingSample]] = {}
     for sample in samples:
@@ -259,10 +262,6 @@ def rl_rows(
         ConfigError: an unknown credit scheme or estimator, or ``gae`` (it needs the trainer's value head).
         AgentboltError: a record does not match its attempt's spans.
     """
-    from agentbolt.algorithms.rl.advantages import VALUE_HEAD_ESTIMATOR, check_estimator_name
-    from agentbolt.algorithms.rl.credit import build_credit_scheme
-    from agentbolt.trainer.batch import TrajectorySelection, samples_for_step, select_trajectories
-
     credit = build_credit_scheme(credit_assignment)
     check_estimator_name(advantage_estimator)
     if advantage_estimator == VALUE_HEAD_ESTIMATOR:

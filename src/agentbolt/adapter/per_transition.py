@@ -1,7 +1,8 @@
-"""From one advantage per rollout to one advantage per transition, and the max_tokens policy. Pure, no torch.
+"""From one advantage per rollout to one advantage per transition, the max_tokens policy, and the step rewards of
+``gae`` (:func:`step_rewards`). Pure, no torch.
 
-**Per-transition advantage.** Estimators (:mod:`agentbolt.algorithms.rl.advantages`) give one advantage ``A_i``
-per rollout from its outcome ``R_i``. Credit assignment (:mod:`agentbolt.algorithms.rl.credit`) gives one reward
+**Per-transition advantage.** Estimators (:mod:`agentbolt.adapter.advantages`) give one advantage ``A_i``
+per rollout from its outcome ``R_i``. Credit assignment (:mod:`agentbolt.adapter.credit`) gives one reward
 ``r_t`` per transition. With ``broadcast`` every ``r_t = R_i`` and each transition simply gets ``A_i`` (LightningRL,
 arXiv:2508.03680, section 3). Other schemes (``discounted``, ``intermediate``/AIR, the ``penalize`` policy below)
 make ``r_t`` differ from ``R_i``, and that difference must reach the loss. We use::
@@ -31,7 +32,7 @@ import math
 from collections.abc import Hashable, Sequence
 from typing import Final, Literal
 
-from agentbolt.algorithms.rl.advantages import group_indices
+from agentbolt.adapter.advantages import group_indices
 from agentbolt.errors import ConfigError
 
 TruncationPolicy = Literal["keep", "mask", "penalize"]
@@ -132,3 +133,26 @@ def apply_truncation_policy(
         rewards = [float(penalty) if c else r for c, r in zip(cut, rewards, strict=True)]
     trained = [not c for c in cut] if policy == "mask" else [True] * len(cut)
     return rewards, trained
+
+
+def step_rewards(rewards_T: Sequence[float], outcome: float) -> list[float]:
+    """Per-transition step rewards of one trajectory, for PPO with a value head (estimator ``gae``).
+
+    Step 1 of :mod:`agentbolt.algorithms.rl.ppo_gae`: transition ``t`` earns ``r_t - R``, the last one ``r_{T-1}``, so
+    the rewards sum to ``R + sum_t (r_t - R)``; :func:`~agentbolt.adapter.samples.merge_transitions` puts each on its
+    call's last response token.
+
+    Args:
+        rewards_T: ``(T,)`` the credited reward of each transition.
+        outcome: ``R``, the trajectory's final reward.
+
+    Returns:
+        ``(T,)`` ``[r_0 - R, ..., r_{T-2} - R, r_{T-1}]``; empty for an empty trajectory.
+
+    Raises:
+        ConfigError: a value is not finite.
+    """
+    if not all(math.isfinite(float(r)) for r in rewards_T) or not math.isfinite(float(outcome)):
+        raise ConfigError("rewards and the outcome must be finite for GAE step rewards")
+    n = len(rewards_T)
+    return [float(r) - float(outcome) if t < n - 1 else float(r) for t, r in enumerate(rewards_T)]

@@ -43,8 +43,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Final, Protocol, overload
 
-from agentbolt.algorithms.registry import Registry
 from agentbolt.errors import ConfigError
+from agentbolt.registry import Registry
 from agentbolt.types import Trajectory
 from agentbolt.types.training import AIR_EXCEPTIONS, AIR_FORMAT_VALID, AIR_TOOL_CALLS_FAILED, AIR_TOOL_CALLS_OK
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentbolt import semconv
-from agentbolt.trainer.batch import select_trajectories
+from agentbolt.adapter.batch import select_trajectories
 from agentbolt.types import Attempt, Rollout, RolloutStatus, Span, SpanStatus
 from agentbolt.types.core import AttemptStatus
 

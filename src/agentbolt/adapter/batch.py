@@ -1,4 +1,5 @@
-"""Which finished rollouts of a step are trained on, and why the others are not. Pure: no store, no I/O.
+"""Which finished rollouts of a step are trained on, and why the others are not. Pure: no store, no I/O, no torch
+(the server's dashboard and ``agentbolt export`` run it with the ``[server]`` extra alone).
 
 :func:`select_trajectories` takes each rollout with its last attempt and that attempt's spans (read from the store
 by the loop) and sorts it into exactly one of:
@@ -15,11 +16,11 @@ by the loop) and sorts it into exactly one of:
 
 :func:`samples_for_step` then turns the trained trajectories into samples: credit (``scheme(trajectory)``, so
 ``discounted``, ``intermediate``/AIR and user functions see the whole trajectory), the max_tokens policy, one
-advantage per rollout by name (:func:`~agentbolt.algorithms.rl.advantages.compute_advantages`, so batch estimators
+advantage per rollout by name (:func:`~agentbolt.adapter.advantages.compute_advantages`, so batch estimators
 such as ``reinforce_pp`` work), one advantage per transition
-(:mod:`agentbolt.algorithms.rl.per_transition`), and merged samples
-(:func:`~agentbolt.algorithms.rl.samples.build_samples`). Under asynchronous training, transitions sampled by
-weights too many versions old are dropped or reweighted before merging (:mod:`agentbolt.algorithms.rl.staleness`).
+(:mod:`agentbolt.adapter.per_transition`), and merged samples
+(:func:`~agentbolt.adapter.samples.build_samples`). Under asynchronous training, transitions sampled by
+weights too many versions old are dropped or reweighted before merging (:mod:`agentbolt.adapter.staleness`).
 """
 
 from __future__ import annotations
@@ -28,25 +29,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from agentbolt.adapter import build_trajectory
-from agentbolt.adapter.signals import infrastructure_failure
-from agentbolt.algorithms.rl.advantages import VALUE_HEAD_ESTIMATOR, compute_advantages
-from agentbolt.algorithms.rl.credit import CreditScheme
-from agentbolt.algorithms.rl.per_transition import (
+from agentbolt.adapter.advantages import VALUE_HEAD_ESTIMATOR, compute_advantages
+from agentbolt.adapter.credit import CreditScheme
+from agentbolt.adapter.per_transition import (
     TruncationPolicy,
     apply_truncation_policy,
     outcome_scales,
+    step_rewards,
     transition_advantages,
 )
-from agentbolt.algorithms.rl.ppo_gae import step_rewards
-from agentbolt.algorithms.rl.samples import SampleBatch, build_samples
-from agentbolt.algorithms.rl.staleness import StalenessReport, StalePolicy, apply_staleness
+from agentbolt.adapter.samples import SampleBatch, build_samples
+from agentbolt.adapter.signals import infrastructure_failure
+from agentbolt.adapter.staleness import StalenessReport, StalePolicy, apply_staleness
 from agentbolt.errors import ConfigError
 from agentbolt.types import Attempt, Rollout, RolloutStatus, Span, Trajectory, TrajectoryFlag, Transition
 
 
 @dataclass(frozen=True)
 class StalenessSettings:
-    """The staleness bound of asynchronous training (:mod:`agentbolt.algorithms.rl.staleness`).
+    """The staleness bound of asynchronous training (:mod:`agentbolt.adapter.staleness`).
 
     Attributes:
         versions: the trainer's published weights versions, oldest first; the last is the current one.
@@ -149,12 +150,12 @@ def samples_for_step(
     """Credit, advantages and samples of a step's trained trajectories (module docstring).
 
     For trajectory ``i`` with outcome ``R_i`` and transitions ``t``: ``r_t = credit(trajectory)[t]``, then the
-    max_tokens policy (:func:`~agentbolt.algorithms.rl.per_transition.apply_truncation_policy`), written onto
+    max_tokens policy (:func:`~agentbolt.adapter.per_transition.apply_truncation_policy`), written onto
     ``transition.reward`` (the one side effect); ``A_i = compute_advantages(R, groups, estimator)[i]`` with groups
     ``(task_id, resources_id)``; ``A_t = A_i + (r_t - R_i) / s_i``
-    (:func:`~agentbolt.algorithms.rl.per_transition.transition_advantages`). Under ``gae`` (PPO with a value head)
+    (:func:`~agentbolt.adapter.per_transition.transition_advantages`). Under ``gae`` (PPO with a value head)
     every advantage is left at 0 and the samples carry step rewards instead
-    (:func:`~agentbolt.algorithms.rl.ppo_gae.step_rewards`); the trainer computes token advantages from its value
+    (:func:`~agentbolt.adapter.per_transition.step_rewards`); the trainer computes token advantages from its value
     head (:func:`~agentbolt.algorithms.rl.ppo_gae.rollout_gae`).
 
     Args:

@@ -58,7 +58,7 @@ class TrainingSample:
             ``logits / temperature``, so the trainer divides by the same value (1.0 for greedy calls, whose
             logprobs are of the plain logits).
         token_rewards: ``(L,)`` for PPO with a value head (estimator ``gae``): each merged call's step reward on
-            its last response token, 0 elsewhere (:func:`agentbolt.algorithms.rl.ppo_gae.step_rewards`); ``None``
+            its last response token, 0 elsewhere (:func:`agentbolt.adapter.per_transition.step_rewards`); ``None``
             otherwise.
         token_advantages / token_returns: ``(L,)`` per-token GAE advantages and value targets, 0 where
             ``loss_mask`` is 0 (:func:`agentbolt.algorithms.rl.ppo_gae.rollout_gae`); when set, the trainer uses
@@ -136,7 +136,7 @@ def samples_from_trajectories(
     Args:
         trajectories: trajectories in any order; transitions keep their order within each.
         advantages_by_rollout: ``rollout_id -> advantage`` (one advantage per rollout, e.g. from
-            :func:`agentbolt.algorithms.rl.advantages.advantages_by_group`).
+            :func:`agentbolt.adapter.advantages.advantages_by_group`).
 
     Returns:
         Samples in trajectory order, then transition order. A transition's ``metadata["temperature"]`` (recorded
