@@ -6,7 +6,7 @@ shown) runs in this process on a free loopback port; each page is opened in head
 (the system ``chromium`` on PATH, as in ``tests/browser``; ``scripts/ensure_chromium.sh`` installs it) and saved as
 ``OUT/<page>.png`` (default ``docs/dashboard/``). Pages: rollouts, one rollout (the best-rewarded succeeded train
 rollout, so its tokens show advantages), its trace and tokens, resources (the first and the last version diffed),
-runners, errors, training.
+runners, errors, training, run.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def routes(url: str) -> dict[str, str]:
             "tokens": f"#/rollouts/{rollout_id}/tokens?t=0",
         }
     out["resources"] = f"#/resources?a={versions[0]}&b={versions[-1]}" if len(versions) > 1 else "#/resources"
-    out |= {"runners": "#/runners", "errors": "#/errors", "training": "#/training"}
+    out |= {"runners": "#/runners", "errors": "#/errors", "training": "#/training", "run": "#/run"}
     return out
 
 

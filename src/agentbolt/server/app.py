@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from agentbolt.errors import ConfigError
 from agentbolt.inference.base import InferenceBackend
 from agentbolt.server.dashboard_api import router as dashboard_router
+from agentbolt.server.dashboard_run import router as run_router
 from agentbolt.server.errors import install_error_handlers
 from agentbolt.server.gateway.routes import plain_router as plain_gateway_router
 from agentbolt.server.gateway.routes import router as gateway_router
@@ -98,6 +99,7 @@ def create_app(
     install_error_handlers(app)
 
     app.include_router(dashboard_router)  # before store_router: /v1/rollouts/search is not a rollout id
+    app.include_router(run_router)
     app.include_router(store_router)
     app.include_router(otlp_router)
     app.include_router(gateway_router)

@@ -1,6 +1,7 @@
 // agentbolt dashboard: one ES module, no build step. Hash routes (every view has a URL you can paste):
 //   #/rollouts?status=failed&q=...      #/rollouts/ID      #/rollouts/ID/trace?attempt=AT&span=SP
 //   #/rollouts/ID/tokens?attempt=AT&t=2  #/resources?a=rs-1&b=rs-2  #/runners  #/errors  #/training
+//   #/run?run=rs-1 (default: the latest run)
 // Auth: the server may want "Authorization: Bearer <token>" on /v1 (agentbolt serve --token). The token is asked for
 // once, kept in sessionStorage, also taken from "#token=..."; a 401 shows the token box again.
 // Data is put into the page with textContent / DOM nodes only (never innerHTML), so stored text cannot inject markup.
@@ -23,7 +24,8 @@ function h(spec, attrs, ...children) {
     if (part[0] === ".") el.classList.add(part.slice(1));
     else el.id = part.slice(1);
   }
-  if (attrs && (typeof attrs !== "object" || attrs instanceof Node || Array.isArray(attrs))) {
+  if (attrs !== undefined && attrs !== null && (typeof attrs !== "object" || attrs instanceof Node ||
+    Array.isArray(attrs))) { // a first child, 0 and "" included
     children.unshift(attrs);
     attrs = null;
   }
@@ -186,7 +188,7 @@ async function render() {
   const view = {
     rollouts: parts.length === 1 ? rolloutsPage : parts[2] === "trace" ? tracePage : parts[2] === "tokens" ? tokensPage
       : rolloutPage,
-    resources: resourcesPage, runners: runnersPage, errors: errorsPage, training: trainingPage,
+    resources: resourcesPage, runners: runnersPage, errors: errorsPage, training: trainingPage, run: runPage,
   }[page];
   const target = h("div");
   try {
@@ -750,6 +752,12 @@ function lastValue(values) {
   return null;
 }
 
+/** The y range: uPlot's padded one, but a flat series (every reward 0...) gets value \u00B1 1, not 0 to 100. */
+function yRange(u, min, max) {
+  if (min === null || max === null) return [0, 1];
+  return min === max ? [min - 1, max + 1] : window.uPlot.rangeNum(min, max, 0.1, true);
+}
+
 /** A uPlot line chart of xs and named series [{label, values, stroke, band?}] into a titled card. */
 function chart(title, xs, series, opts = {}) {
   const card = h("div.chart", { "data-chart": title }, opts.bare ? null : h("h3", title));
@@ -777,7 +785,7 @@ function chart(title, xs, series, opts = {}) {
   });
   const build = () => {
     const u = new window.uPlot({ width: Math.max(card.clientWidth - 16, 300) || width, height: 200,
-      series: defs, bands, scales: { x: { time: Boolean(opts.time) } }, legend: { live: true },
+      series: defs, bands, scales: { x: { time: Boolean(opts.time) }, y: { range: yRange } }, legend: { live: true },
       axes: [opts.time ? {} : { incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000] },
         { values: (self, splits) => tickLabels(splits), size: 60 }] }, data, card);
     u.setLegend({ idx: null });
@@ -837,6 +845,13 @@ function curve(points, xs) {
   return xs.map((x) => (at.has(x) ? at.get(x) : null));
 }
 
+/** The reward per step chart: the mean, and a band of mean \u00B1 std where std is known. */
+function rewardChart(xs, mean, std) {
+  const band = std ? [mean.map((v, i) => (v === null || std[i] === null ? null : v - std[i])),
+    mean.map((v, i) => (v === null || std[i] === null ? null : v + std[i]))] : undefined;
+  return chart("Reward per step (mean \u00B1 std)", xs, [{ label: "train_reward_mean", values: mean, band }]);
+}
+
 async function trainingPage(root, parts, params, current) {
   const draw = async () => {
     const metrics = await api("/v1/metrics");
@@ -864,9 +879,7 @@ async function trainingPage(root, parts, params, current) {
       const xs = steps(["train_reward_mean"]);
       const mean = curve(byName.get("train_reward_mean"), xs);
       const std = byName.has("train_reward_std") ? curve(byName.get("train_reward_std"), xs) : null;
-      const band = std ? [mean.map((v, i) => (v === null || std[i] === null ? null : v - std[i])),
-        mean.map((v, i) => (v === null || std[i] === null ? null : v + std[i]))] : undefined;
-      charts.push(chart("Reward per step (mean \u00B1 std)", xs, [{ label: "train_reward_mean", values: mean, band }]));
+      charts.push(rewardChart(xs, mean, std));
     }
     const names = [...byName.keys()];
     group("Validation accuracy", names.filter((n) => n.startsWith("val_")));
@@ -900,6 +913,147 @@ async function trainingPage(root, parts, params, current) {
       status.textContent = `Refresh failed: ${err.message}`;
     }
   }, REFRESH_MS);
+}
+
+// ---------------------------------------------------------------------------------------------- run
+
+function fmtPct(x) {
+  return x === null || x === undefined ? "" : `${(x * 100).toFixed(1)}%`;
+}
+
+/** A shell command with a Copy button (the clipboard needs a secure context: elsewhere the text is selected). */
+function commandBox(text, kind) {
+  const code = h("code.command", { "data-command": kind }, text);
+  const button = h("button.copy", { type: "button", title: "copy the command" }, "Copy");
+  button.addEventListener("click", async () => {
+    try {
+      await navigator.clipboard.writeText(text);
+      button.textContent = "Copied";
+    } catch {
+      const range = document.createRange();
+      range.selectNodeContents(code);
+      getSelection().removeAllRanges();
+      getSelection().addRange(range);
+      button.textContent = "Selected";
+    }
+    setTimeout(() => { button.textContent = "Copy"; }, 1500);
+  });
+  return h("div.command-box", code, button);
+}
+
+function segmentText(segment) {
+  if (segment.resumed_from_step === null) return `started ${fmtTime(segment.start_time)}`;
+  const changed = segment.changed.length ? `; settings changed: ${segment.changed.join(", ")}` : "";
+  return `resumed from step ${segment.resumed_from_step} at ${fmtTime(segment.start_time)}${changed}`;
+}
+
+function validationTable(validation) {
+  if (!validation.rows.length) {
+    return message("No validation accuracy recorded (val_size 0, or eval_before / eval_after off).");
+  }
+  const rows = validation.rows.map((r) => h("tr", { "data-step": r.train_step },
+    h("th", { title: [r.model_version, r.checkpoint].filter(Boolean).join(" ") }, r.label),
+    h("td.num", r.train_step),
+    validation.sets.map((name) => h("td.num", fmtPct(r.accuracy[name]))),
+    h("td.num", fmtPct(r.mean_accuracy))));
+  return table(["", h("th.num", "After step"), ...validation.sets.map((name) => h("th.num", name)),
+    h("th.num", "Mean")], rows, { id: "validation-table" });
+}
+
+function trainedCell(s) {
+  if (s.trained_samples === null) return h("td.num", s.n_samples ?? "");
+  const skipped = s.stepped && s.n_skipped_zero_advantage ? h("div.muted",
+    `${s.n_skipped_zero_advantage} with advantage 0 skipped`) : null;
+  return h("td.num", s.n_samples === null ? String(s.trained_samples) : `${s.trained_samples} of ${s.n_samples}`,
+    skipped);
+}
+
+function stepsTable(run) {
+  if (!run.steps.length) return message("No training step recorded yet.");
+  const width = 11;
+  const rows = [];
+  let segment = 0;
+  for (const s of run.steps) {
+    if (s.segment !== segment) {
+      segment = s.segment;
+      rows.push(h("tr.segment-row", h("td", { colspan: width }, segmentText(run.segments[segment]))));
+    }
+    const update = s.stepped === null ? h("td") : s.stepped ? h("td", "stepped")
+      : h("td.skipped", s.skipped_reason || "update skipped");
+    rows.push(h("tr", { "data-step": s.train_step },
+      h("td.num", s.train_step),
+      h("td.num", s.reward_mean === null ? "" : `${fmtNum(s.reward_mean)}${s.reward_std === null ? ""
+        : ` \u00B1 ${fmtNum(s.reward_std)}`}`),
+      h("td.num", s.n_rollouts ?? ""),
+      h("td.num", [s.n_failed_rollouts, s.n_infra_failed_rollouts].every((x) => x === null) ? ""
+        : `${s.n_failed_rollouts ?? 0}${s.n_infra_failed_rollouts ? ` (${s.n_infra_failed_rollouts} infra)` : ""}`),
+      trainedCell(s),
+      update,
+      h("td.num", fmtNum(s.loss)), h("td.num", fmtNum(s.approx_kl)), h("td.num", fmtNum(s.grad_norm)),
+      h("td.num", fmtDuration(s.rollout_s)), h("td.num", fmtDuration(s.update_s))));
+  }
+  return table([h("th.num", "Step"), h("th.num", "Reward"), h("th.num", "Rollouts"), h("th.num", "Failed"),
+    h("th.num", "Samples trained"), "Update", h("th.num", "Loss"), h("th.num", "KL"), h("th.num", "Grad norm"),
+    h("th.num", "Rollouts time"), h("th.num", "Update time")], rows, { id: "steps-table" });
+}
+
+function checkpointsTable(run) {
+  if (!run.checkpoints.length) return message("No checkpoint recorded.");
+  const rows = run.checkpoints.map((c) => h("tr", { "data-checkpoint": c.train_step, "data-state": c.state },
+    h("td.num", c.train_step),
+    h("td.mono", c.model_version || ""),
+    h("td.mono", c.path),
+    h("td", h(`span.badge.${c.state}`, c.state_label)),
+    h("td.num", fmtPct(c.mean_accuracy), c.best ? [" ", h("span.badge.best", "best")] : null),
+    h("td", c.state === "pruned" ? h("span.muted", "the weights were deleted")
+      : [c.serve_command ? commandBox(c.serve_command, "serve") : null, commandBox(c.eval_command, "eval")])));
+  return table([h("th.num", "Step"), "Weights", "Folder", "State", h("th.num", "Validation"), "Commands"], rows,
+    { id: "checkpoints-table" });
+}
+
+async function runPage(root, parts, params) {
+  const runs = await api("/v1/runs");
+  append(root, h("h1", "Run"));
+  if (!runs.length) {
+    root.append(message("No train job is recorded in this store: agentbolt train records its config, steps and " +
+      "checkpoints here when it starts. The Training page shows whatever metrics there are."));
+    return;
+  }
+  const wanted = params.get("run");
+  const chosen = runs.find((r) => r.run_id === wanted) || runs.at(-1);
+  const run = await api(`/v1/runs/${encodeURIComponent(chosen.run_id)}`);
+  if (runs.length > 1) {
+    const options = runs.map((r) => h("option", { value: r.run_id, selected: r.run_id === run.run_id },
+      `${r.run_id} (${fmtTime(r.start_time)}, ${r.model || "?"})`));
+    const pick = (ev) => navigate(["run"], { run: ev.target.value });
+    root.append(h("p", "Run: ", h("select#run-picker", { onchange: pick }, options)));
+  }
+  if (wanted && wanted !== run.run_id) root.append(h("p.error#unknown-run", `No run ${wanted}; showing the latest.`));
+  root.append(kvTable([
+    ["run", h("span.mono", run.run_id)],
+    ["model", run.model || h("span.muted", "not in the config")],
+    ["output folder", run.out_dir ? h("span.mono", run.out_dir) : ""],
+    ["job starts", h("div#run-segments", run.segments.map((seg) => h("div", segmentText(seg))))],
+    ["last step", run.last_train_step ?? h("span.muted", "none yet")],
+  ]));
+  const withReward = run.steps.filter((s) => s.reward_mean !== null);
+  if (withReward.length) {
+    const xs = withReward.map((s) => s.train_step);
+    const std = withReward.some((s) => s.reward_std !== null) ? withReward.map((s) => s.reward_std) : null;
+    root.append(h("div.charts", rewardChart(xs, withReward.map((s) => s.reward_mean), std)));
+  }
+  append(root, [
+    h("h2", "Validation accuracy"), validationTable(run.validation),
+    h("h2", "Steps"), stepsTable(run),
+    h("h2", "Checkpoints"), checkpointsTable(run),
+    run.checkpoints.length ? h("p.hint", "Run the commands in the folder the train job ran in: the config's agent " +
+      "and tasks modules are imported from there. agentbolt eval writes OUT/eval-step-N-val beside the checkpoints.")
+      : null,
+    h("h2", "Config"),
+    h("p.hint", run.segments.length > 1 ? "As resolved when the job last started (its latest resume)."
+      : "As resolved when the job started (every default filled in)."),
+    h("pre#run-config", json(run.config)),
+  ]);
 }
 
 // ---------------------------------------------------------------------------------------------- start
