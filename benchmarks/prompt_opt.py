@@ -176,7 +176,7 @@ def apo_rounds_for_budget(
 def limited_tasks_module(name: str, test_size: int) -> str:
     """Register (in ``sys.modules``) a tasks module that is ``name`` with ``load_test_tasks()`` cut to its first
     ``test_size`` tasks, and return its module name (for ``PromptOptConfig.tasks``)."""
-    from agentbolt.trainer.demo import load_tasks_module
+    from agentbolt.trainer.job_config import load_tasks_module
 
     base = load_tasks_module(name)
     shim_name = f"prompt_opt_bench_tasks_{name.replace('.', '_')}_test{test_size}"
@@ -655,7 +655,7 @@ class BenchOptions:
 def arm_config(arm: str, options: BenchOptions) -> tuple[Any, str]:
     """The :class:`~agentbolt.trainer.prompt_opt.PromptOptConfig` of one arm (overrides: :func:`arm_overrides`; then
     ``--test-size`` and ``--fit-apo-rounds``) and the tasks module it was given (before ``--test-size`` wrapped it)."""
-    from agentbolt.trainer.demo import load_job_config, load_tasks_module
+    from agentbolt.trainer.job_config import load_job_config, load_tasks_module
 
     overrides = arm_overrides(
         arm,

@@ -588,59 +588,76 @@ def run_grpo(args: argparse.Namespace, report: Report, budget: Budget) -> bool:
 
 
 async def _grpo_steps(args: argparse.Namespace, report: Report, budget: Budget, record: dict[str, Any]) -> None:
+    """The GRPO steps through the one RL job (:func:`agentbolt.trainer.job.run_training`), with a per-step record and
+    the time budget plugged in as seams; no evaluation, outputs in a temporary folder."""
     from rich.console import Console
 
     from agentbolt.config import GRPOConfig
-    from agentbolt.trainer.local import local_training
+    from agentbolt.trainer.job import JobSeams, run_training
+    from agentbolt.trainer.job_config import TrainConfig
 
     if str(REPO_ROOT) not in sys.path:
         sys.path.insert(0, str(REPO_ROOT))  # examples.calc_agent, also for the runner processes
     from examples.calc_agent import tasks
 
-    grpo = GRPOConfig(
-        steps=args.grpo_steps,
-        tasks_per_step=args.grpo_tasks_per_step,
-        group_size=args.grpo_group_size,
-        max_tokens=args.grpo_max_tokens,
-    )
     train_tasks: list[dict[str, Any]] = [
         dict(task) for task in tasks.load_train_tasks(size=max(64, args.grpo_steps * args.grpo_tasks_per_step))
     ]
     started = time.monotonic()
+    step_started = [time.monotonic()]
+    last_s = [0.0]
+
+    def keep_going(step: int) -> bool:
+        if budget.allows(1.3 * last_s[0] + 10):
+            step_started[0] = time.monotonic()
+            return True
+        report.emit({**record, "step": step, "skipped": f"budget: {budget.left_s():.0f} s left"})
+        return False
+
+    def on_step(result: Any) -> None:
+        last_s[0] = time.monotonic() - step_started[0]
+        stats = result.update_stats
+        report.emit(
+            {
+                **record,
+                "step": result.train_step,
+                "reward_mean": result.reward_mean,
+                "rollout_s": result.rollout_s,
+                "update_s": result.update_s,
+                "step_s": last_s[0],
+                "n_transitions": result.n_transitions,
+                "update_tokens_per_s": stats.get("tokens_per_s"),
+                "peak_device_memory_bytes": stats.get("peak_device_memory_bytes"),
+            }
+        )
+
     with tempfile.TemporaryDirectory(prefix="gpu-check-grpo-") as tmp:
-        async with local_training(
-            model=args.model_dir,
-            db_path=Path(tmp) / "store.db",
-            agent="examples.calc_agent.agent:calc_agent",
-            grpo=grpo,
+        config = TrainConfig(
+            out_dir=Path(tmp),
+            model=str(args.model_dir),
+            grpo=GRPOConfig(
+                steps=args.grpo_steps,
+                tasks_per_step=args.grpo_tasks_per_step,
+                group_size=args.grpo_group_size,
+                max_tokens=args.grpo_max_tokens,
+            ),
+            val_size=0,
             device=args.device,
             runner_processes=args.grpo_runner_processes,
-            console=Console(stderr=True),
-        ) as local:
-            report.emit({**record, "phase": "setup", "model_setup_s": local.model_setup_s})
-            last_s = 0.0
-            for step in range(1, args.grpo_steps + 1):
-                if not budget.allows(1.3 * last_s + 10):
-                    report.emit({**record, "step": step, "skipped": f"budget: {budget.left_s():.0f} s left"})
-                    break
-                t0 = time.monotonic()
-                result = await local.trainer.train_step(step, local.trainer.sample_tasks(train_tasks))
-                last_s = time.monotonic() - t0
-                stats = result.update_stats
-                report.emit(
-                    {
-                        **record,
-                        "step": step,
-                        "reward_mean": result.reward_mean,
-                        "rollout_s": result.rollout_s,
-                        "update_s": result.update_s,
-                        "step_s": last_s,
-                        "n_transitions": getattr(result, "n_transitions", None),
-                        "update_tokens_per_s": stats.get("tokens_per_s"),
-                        "peak_device_memory_bytes": stats.get("peak_device_memory_bytes"),
-                        "generation_tokens_per_s": local.backend.stats.tokens_per_s,
-                    }
-                )
+        )
+        summary = await run_training(
+            config,
+            Console(stderr=True),
+            seams=JobSeams(tasks=(train_tasks, {}), on_step=on_step, keep_going=keep_going),
+        )
+        report.emit(
+            {
+                **record,
+                "phase": "setup",
+                "model_setup_s": summary["timing_s"]["model_setup"],
+                "generation_tokens_per_s": summary["generation"]["tokens_per_s"],
+            }
+        )
     report.emit({**record, "phase": "done", "wall_s": time.monotonic() - started})
 
 

@@ -5,8 +5,8 @@ Run from the repository root::
     python -m examples.sql_agent.train                     # qwen2.5-0.5b, 2 steps of 4 easy tasks x 4 rollouts
     python -m examples.sql_agent.train --model smollm2-135m --steps 1 --tasks-per-step 2 --group-size 2
 
-It uses the machinery of ``agentbolt demo`` (:func:`agentbolt.trainer.local.local_training`: embedded model served
-and trained with LoRA, SQLite store, server with the gateway, runner processes) with the agent
+It runs the one RL job of ``agentbolt train`` (:func:`agentbolt.trainer.job.run_training`: embedded model served and
+trained with LoRA, SQLite store, server with the gateway, runner processes, checkpoints) with the agent
 ``examples.sql_agent.agents:sql_agents`` and ``agent_match="writer"``: the checker runs on the same model and its
 calls are recorded, but only the writer's calls become training samples. Each step prints its mean reward (a point
 of the reward curve) and the transitions kept and dropped per agent; ``<out>/summary.json`` holds them all.
@@ -19,8 +19,7 @@ import asyncio
 import json
 import os
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -81,29 +80,32 @@ class SqlTrainConfig:
 async def train_writer(config: SqlTrainConfig) -> dict[str, Any]:
     """Train the writer with GRPO (``agent_match``) and return the summary, also written to ``summary.json``.
 
+    It is the one RL job of ``agentbolt train`` (:func:`agentbolt.trainer.job.run_training`) with this example's
+    tasks (the chosen bands) plugged in through :class:`~agentbolt.trainer.job.JobSeams`, so it also writes
+    checkpoints (``<out>/checkpoints/step-N``), resumable and servable like any train run.
+
     Returns:
-        ``{"train_reward": [mean reward per step], "steps": [per-step figures: reward, kept_by_agent,
-        dropped_by_agent, n_unmatched, n_failed, rollout_s, update_s], "val_accuracy_before"/"_after": {band:
-        accuracy} (empty when ``val_size`` is 0), "n_rollouts", "wall_seconds", "config"}``.
+        The train job's summary: ``train_reward`` (mean reward per step), ``step_rows`` (per step: reward,
+        ``kept_by_agent``, ``dropped_by_agent``, ``n_unmatched``, ``n_failed``, ``rollout_s``, ``update_s``...),
+        ``val_accuracy_before``/``_after`` ({band: accuracy}; empty when ``val_size`` is 0), ``n_rollouts``,
+        ``wall_seconds``, ``config`` (the train job's resolved settings) and ``example_config`` (these).
 
     Raises:
         ConfigError: an unknown model name, an existing store without ``overwrite``, or a bad ``agent_match``.
-        pydantic.ValidationError: GRPO settings out of range (``group_size`` < 2, ``steps`` < 0...).
     """
     if str(REPO_ROOT) not in sys.path:
         sys.path.insert(0, str(REPO_ROOT))  # the runner processes import examples.* with this sys.path
     from examples.sql_agent.agents import CHECKER_KEY_ENV, CHECKER_MODEL_ENV, CHECKER_URL_ENV
     from examples.sql_agent.tasks import load_splits
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from agentbolt.config import GRPOConfig
-    from agentbolt.trainer.local import fresh_db_path, local_training
+    from agentbolt.trainer.job import JobSeams, run_training
+    from agentbolt.trainer.job_config import TrainConfig
 
     if config.checker_base_url is not None and config.checker_model is not None:
         os.environ[CHECKER_URL_ENV] = config.checker_base_url  # read by the runner processes (spawned after this)
         os.environ[CHECKER_MODEL_ENV] = config.checker_model
         os.environ.setdefault(CHECKER_KEY_ENV, "agentbolt")
-    t_start = time.perf_counter()
     train, val = load_splits()
     train_tasks = [t.model_dump(mode="json") for t in train if t.band in config.bands]
     val_sets = {
@@ -111,82 +113,45 @@ async def train_writer(config: SqlTrainConfig) -> dict[str, Any]:
         for band in config.bands
         if config.val_size > 0
     }
-    grpo = GRPOConfig(
-        steps=config.steps,
-        tasks_per_step=config.tasks_per_step,
-        group_size=config.group_size,
-        temperature=config.temperature,
-        max_tokens=config.max_tokens,
-        seed=config.seed,
+    job = TrainConfig(
+        out_dir=config.out_dir,
+        model=config.model,
+        agent=AGENT_REFERENCE,
+        agent_match=config.agent_match,
+        tasks="examples.sql_agent.tasks",
+        grpo=GRPOConfig(
+            steps=config.steps,
+            tasks_per_step=config.tasks_per_step,
+            group_size=config.group_size,
+            temperature=config.temperature,
+            max_tokens=config.max_tokens,
+            seed=config.seed,
+        ),
+        val_size=config.val_size,
+        learning_rate=config.learning_rate,
+        runner_processes=config.runner_processes,
+        runner_concurrency=config.runner_concurrency,
+        overwrite=config.overwrite,
     )
-    db_path = fresh_db_path(config.out_dir, overwrite=config.overwrite)
     print(
         f"training the writer ({config.agent_match!r}) of the SQL system: model={config.model} steps={config.steps} "
         f"tasks/step={config.tasks_per_step} group={config.group_size} bands={list(config.bands)}",
         flush=True,
     )
-    async with local_training(
-        model=config.model,
-        db_path=db_path,
-        agent=AGENT_REFERENCE,
-        grpo=grpo,
-        learning_rate=config.learning_rate,
-        runner_processes=config.runner_processes,
-        runner_concurrency=config.runner_concurrency,
-        agent_match=config.agent_match,
-    ) as local:
-        trainer = local.trainer
-        progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
 
-        def tracker(description: str) -> Callable[[int, int], None]:
-            bar = progress.add_task(description, total=None)
-            return lambda done, total: progress.update(bar, completed=done, total=total)
+    def report_agents(result: Any) -> None:
+        print(
+            f"  step {result.train_step}: trained {result.kept_by_agent}  left out {result.dropped_by_agent}  "
+            f"rollouts without a writer call {result.n_unmatched}",
+            flush=True,
+        )
 
-        steps: list[dict[str, Any]] = []
-        with progress:
-            val_before = (
-                await trainer.evaluate(val_sets, on_progress=tracker("eval before"), label="before") if val_sets else {}
-            )
-            for step in range(1, config.steps + 1):
-                result = await trainer.train_step(
-                    step, trainer.sample_tasks(train_tasks), on_rollout_progress=tracker(f"step {step}: rollouts")
-                )
-                steps.append(
-                    {
-                        "train_step": step,
-                        "reward_mean": result.reward_mean,
-                        "rewards": result.rewards,
-                        "kept_by_agent": result.kept_by_agent,
-                        "dropped_by_agent": result.dropped_by_agent,
-                        "n_unmatched": result.n_unmatched,
-                        "n_failed": result.n_failed,
-                        "rollout_s": result.rollout_s,
-                        "update_s": result.update_s,
-                    }
-                )
-                progress.console.print(
-                    f"step {step}: reward {result.reward_mean:.3f}  trained {result.kept_by_agent}  "
-                    f"left out {result.dropped_by_agent}  rollouts {result.n_rollouts} (failed {result.n_failed})  "
-                    f"{result.rollout_s:.0f}s + {result.update_s:.0f}s"
-                )
-            val_after = (
-                await trainer.evaluate(val_sets, on_progress=tracker("eval after"), label="after") if val_sets else {}
-            )
-        n_rollouts = len(await local.store.query_rollouts())
-    summary = {
-        "train_reward": [s["reward_mean"] for s in steps],
-        "steps": steps,
-        "val_accuracy_before": val_before,
-        "val_accuracy_after": val_after,
-        "n_rollouts": n_rollouts,
-        "wall_seconds": time.perf_counter() - t_start,
-        "config": json.loads(json.dumps(asdict(config), default=str)),
-    }
-    (config.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(f"reward curve (mean train reward per step): {[round(r, 3) for r in summary['train_reward']]}")
-    if val_sets:
-        print(f"validation accuracy before {val_before}, after {val_after}")
-    return summary
+    def add_example_config(summary: dict[str, Any]) -> None:
+        summary["example_config"] = json.loads(json.dumps(asdict(config), default=str))
+
+    return await run_training(
+        job, seams=JobSeams(tasks=(train_tasks, val_sets), on_step=report_agents, summary=add_example_config)
+    )
 
 
 def parse_args(argv: Sequence[str] | None = None) -> SqlTrainConfig:

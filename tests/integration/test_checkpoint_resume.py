@@ -1,8 +1,8 @@
 """Checkpoints and resume of ``agentbolt train``, with a real process killed by SIGKILL in the middle of a step.
 
 The agent (``length_agent`` below) asks the embedded SmolLM2-135M through the real gateway and is scored by the
-length of its answer (modulo 5), so the rewards of a group differ, the advantages are not zero and AdamW really steps: the
-optimizer state that a checkpoint keeps is not empty.
+length of its answer (modulo 5), so the rewards of a group differ, the advantages are not zero and AdamW really
+steps: the optimizer state that a checkpoint keeps is not empty.
 
 Pinned:
 - ``agentbolt train`` (a real CLI process: server, runner processes, LoRA updates) writes ``checkpoints/step-N``
@@ -59,7 +59,9 @@ def length_agent(task: dict, llm: LLM) -> float:
 
 def load_train_tasks(size: int = 8) -> list[dict[str, Any]]:
     topics = ["the sea", "a cat", "the moon", "bread", "a river", "snow", "a clock", "trees"]
-    return [{"task_id": f"t{i}", "question": f"Write one sentence about {topics[i % len(topics)]}."} for i in range(size)]
+    return [
+        {"task_id": f"t{i}", "question": f"Write one sentence about {topics[i % len(topics)]}."} for i in range(size)
+    ]
 
 
 def load_val_sets(n_per_set: int | None = None) -> dict[str, list[dict[str, Any]]]:
@@ -113,7 +115,8 @@ def test_sigkill_mid_step_then_resume(tmp_path: Path, smollm2_dir: Path, monkeyp
 
     from agentbolt.algorithms.rl.torch_backend import TorchPolicyTrainer
     from agentbolt.trainer.checkpoint import latest_checkpoint, read_checkpoint
-    from agentbolt.trainer.demo import load_train_config, run_training
+    from agentbolt.trainer.job import run_training
+    from agentbolt.trainer.job_config import load_train_config
 
     cache = smollm2_dir.parent.parent
     config_path = tmp_path / "config.yaml"

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import importlib
 import shlex
 import time
 from pathlib import Path
@@ -269,11 +268,7 @@ def test_skip_reasons() -> None:
 
 def test_constants_match_the_trainer() -> None:
     """The server reads what the trainer writes without importing it: the names must stay equal."""
-    from agentbolt.trainer import checkpoint
+    from agentbolt.trainer import checkpoint, job_config
 
-    try:  # the train job's settings module (trainer/demo.py before the job code moved to trainer/job_config.py)
-        job_config = importlib.import_module("agentbolt.trainer.job_config")
-    except ModuleNotFoundError:
-        job_config = importlib.import_module("agentbolt.trainer.demo")
     assert dashboard_run.RUN_PURPOSE == job_config.RUN_PURPOSE
     assert dashboard_run.CONFIG_FILE == checkpoint.CONFIG_FILE

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.slow
 def test_demo_one_step_with_smollm2(tmp_path: Path, smollm2_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from agentbolt.trainer.demo import TrainConfig, run_training
+    from agentbolt.trainer.job import run_training
+    from agentbolt.trainer.job_config import TrainConfig
 
     monkeypatch.setenv("AGENTBOLT_CACHE", str(smollm2_dir.parent.parent))  # reuse the converted model
     monkeypatch.chdir(Path(__file__).resolve().parents[2])  # the demo imports examples/ from the repo root

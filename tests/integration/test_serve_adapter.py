@@ -15,7 +15,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from tests.integration.serve_process import start_serve
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ from agentbolt.algorithms.apo.store_evaluator import conversation, task_result_f
 from agentbolt.errors import BackendError, ConfigError
 from agentbolt.runner.worker import Runner
 from agentbolt.store.sqlite import SqliteLightningStore
-from agentbolt.trainer.demo import TrainConfig, load_job_config
+from agentbolt.trainer.job_config import TrainConfig, load_job_config
 from agentbolt.trainer.prompt_opt import (
     PromptOptConfig,
     check_job_inputs,
@@ -87,7 +87,7 @@ def test_optimizer_model_is_checked_before_anything_is_written(tmp_path: Path, m
 
 def test_overwrite_keeps_the_old_store_when_the_agent_does_not_import(tmp_path: Path) -> None:
     # found by a new-user pass: --overwrite removed store.db, then the agent import failed and nothing replaced it
-    from agentbolt.trainer.demo import run_training
+    from agentbolt.trainer.job import run_training
     from agentbolt.trainer.prompt_opt import run_prompt_optimization
 
     for config_file, job_runner in (

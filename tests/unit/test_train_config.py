@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from agentbolt.cli.main import app
 from agentbolt.errors import ConfigError
-from agentbolt.trainer.demo import TrainConfig, load_train_config
+from agentbolt.trainer.job_config import TrainConfig, load_train_config
 
 REPO = Path(__file__).resolve().parents[2]
 CALC_CONFIG = REPO / "examples" / "calc_agent" / "config.yaml"
@@ -21,7 +21,8 @@ def test_the_calc_config_loads_and_overrides_apply() -> None:
     config = load_train_config(CALC_CONFIG)
     assert config.model == "qwen2.5-0.5b" and config.agent == "examples.calc_agent.agent:calc_agent"
     assert config.grpo.advantage_estimator == "grpo" and config.grpo.async_rollouts == 0
-    assert config.torch_trainer == {"loss_aggregation": "token_mean", "kl_coef": 0.0}
+    assert config.torch_trainer.loss_aggregation == "token_mean" and config.torch_trainer.kl_coef == 0.0
+    assert config.trainer_settings.learning_rate == config.learning_rate == 2e-4
 
     changed = load_train_config(
         CALC_CONFIG,
@@ -36,7 +37,7 @@ def test_the_calc_config_loads_and_overrides_apply() -> None:
     )
     assert changed.grpo.advantage_estimator == "rloo" and changed.grpo.async_rollouts == 1
     assert changed.grpo.stale_decay == 0.25 and changed.grpo.effective_max_staleness == 1
-    assert changed.val_size == 0 and changed.torch_trainer["tis_cap"] == 2 and changed.out_dir == Path("runs/x")
+    assert changed.val_size == 0 and changed.torch_trainer.tis_cap == 2 and changed.out_dir == Path("runs/x")
     assert changed.grpo.steps == config.grpo.steps  # the rest of the section is kept
     assert TrainConfig().grpo.effective_max_staleness == 0
 
@@ -52,6 +53,14 @@ def test_the_calc_config_loads_and_overrides_apply() -> None:
         ("model: x\n  bad: [", [], "not valid YAML"),
         ("", ["grpo.steps"], "key=value"),
         ("model: x", ["model.sub=1"], "model is not a section"),
+        # checked when parsed, against the registries and the trainer's own settings
+        ("grpo: {advantage_estimator: nope}", [], "unknown advantage estimator 'nope'"),
+        ("grpo: {credit_assignment: nope}", [], "nope"),
+        ("torch_trainer: {lora_rank: 8}", [], "torch_trainer.lora_rank"),
+        ("torch_trainer: {learning_rate: 0.1}", [], "set learning_rate at the top level"),
+        ("agent_match: '('", [], "agent_match"),
+        ("resume: true\noverwrite: true", [], "exclude each other"),
+        ("report_to: [neptune]", [], "neptune"),
     ],
 )
 def test_bad_configs_are_refused_with_the_field_named(
@@ -95,3 +104,34 @@ def test_plot_draws_one_curve_per_run(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{}")
     result = CliRunner().invoke(app, ["plot", str(tmp_path / "bad.json"), "--out", str(out)])
     assert result.exit_code == 2 and "no train_reward" in result.output
+
+
+def test_the_algorithm_picks_the_config_type(tmp_path: Path) -> None:
+    """``algorithm`` is the tag of a discriminated union: an RL field in an apo job (or the reverse) is refused by
+    name, and an RL job's PPO estimator gets its value head."""
+    from agentbolt.trainer.job_config import load_job_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("algorithm: apo\ngrpo: {steps: 2}\n")
+    with pytest.raises(ConfigError, match="grpo"):
+        load_job_config(path)
+    path.write_text("algorithm: sft\n")
+    with pytest.raises(ConfigError, match="algorithm 'sft' is unknown"):
+        load_job_config(path)
+    path.write_text("grpo: {advantage_estimator: gae}\n")
+    job = load_job_config(path)
+    assert isinstance(job, TrainConfig) and job.trainer_settings.value_head and not job.torch_trainer.value_head
+
+
+def test_the_resolved_config_of_a_checkpoint_reads_back(tmp_path: Path) -> None:
+    """``config.yaml`` in a checkpoint (every default filled in) loads back to the same settings, so
+    ``agentbolt eval CKPT/config.yaml`` and ``--resume`` (which re-validates the loaded config) work."""
+    from agentbolt.trainer.job import dump_config_yaml
+
+    config = load_train_config(CALC_CONFIG, ["learning_rate=0.001", "torch_trainer.kl_coef=0.1"])
+    path = tmp_path / "config.yaml"
+    path.write_text(dump_config_yaml(config))
+    again = load_train_config(path)
+    assert again == config and again.trainer_settings.learning_rate == 0.001
+    resumed = load_train_config(path, ["resume=true"])
+    assert resumed.resume and resumed.torch_trainer.kl_coef == 0.1

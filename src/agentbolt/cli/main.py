@@ -326,7 +326,8 @@ def demo(
 ) -> None:
     """Train the calculator agent with GRPO on this machine and report validation accuracy before and after."""
     from agentbolt.config import GRPOConfig
-    from agentbolt.trainer.demo import TrainConfig, run_training
+    from agentbolt.trainer.job import run_training
+    from agentbolt.trainer.job_config import TrainConfig
 
     logging.basicConfig(level=logging.WARNING)
     try:
@@ -361,7 +362,8 @@ def train(
     summary.json, reward_curve.png), or with algorithm apo / gepa prompt optimization (writes store.db, summary.json,
     the best prompt and its diff from the seed)."""
     from agentbolt.errors import ConfigError
-    from agentbolt.trainer.demo import TrainConfig, load_job_config, run_training, validate_settings
+    from agentbolt.trainer.job import run_training
+    from agentbolt.trainer.job_config import TrainConfig, load_job_config, validate_settings
     from agentbolt.trainer.prompt_opt import run_prompt_optimization
 
     logging.basicConfig(level=logging.WARNING)
@@ -375,7 +377,7 @@ def train(
         if resume:
             if not isinstance(job, TrainConfig):
                 raise ConfigError(f"{config}: --resume continues an RL run; a prompt-optimization job cannot resume")
-            job = validate_settings(TrainConfig, {**job.model_dump(), "resume": True}, config)
+            job = validate_settings(TrainConfig, {**job.to_settings(), "resume": True}, config)
         if isinstance(job, TrainConfig):
             _run_job(run_training(job, console))
         else:
@@ -415,7 +417,7 @@ def eval_(
     (its adapter served; a new store in the output folder) or a stored prompt version (rollouts go into its store).
     The accuracy table is printed and written to eval.json."""
     from agentbolt.errors import ConfigError
-    from agentbolt.trainer.demo import TrainConfig, load_job_config
+    from agentbolt.trainer.job_config import TrainConfig, load_job_config
 
     logging.basicConfig(level=logging.WARNING)
     try:
@@ -455,7 +457,7 @@ def plot(
     """Plot the train-reward curves of several runs in one figure (e.g. one run per advantage estimator)."""
     import json
 
-    from agentbolt.trainer.demo import plot_reward_curves
+    from agentbolt.trainer.plots import plot_reward_curves
 
     runs: dict[str, list[float]] = {}
     try:

@@ -9,7 +9,7 @@
 Where it comes from (every read goes through the store contract):
 
 - A train job writes a resources version with ``metadata.purpose == "run"`` when it starts and again at each resume
-  (:data:`agentbolt.trainer.demo.RUN_PURPOSE`): ``config`` (the resolved settings as JSON), ``out_dir`` (absolute)
+  (:data:`agentbolt.trainer.job_config.RUN_PURPOSE`): ``config`` (the resolved settings as JSON), ``out_dir`` (absolute)
   and ``resumed_from_step`` (``None`` for a fresh run). A fresh one starts a run; a resume continues the run before it
   (a *segment* of the run). The run's id is the ``resources_id`` of its first version.
 - Its other versions are those written after it and before the next run: ``purpose: checkpoint`` (``train_step``,

@@ -32,7 +32,7 @@ from agentbolt.errors import ConfigError
 
 if TYPE_CHECKING:
     from agentbolt.inference.embedded import EmbeddedBackend
-    from agentbolt.trainer.demo import TrainConfig
+    from agentbolt.trainer.job_config import TrainConfig
 
 EVAL_FILE = "eval.json"
 """What :func:`run_checkpoint_eval` writes into its output folder."""
@@ -45,7 +45,7 @@ def checkpoint_split_sets(config: TrainConfig, split: str) -> dict[str, list[dic
     Raises:
         ConfigError: an unknown split, ``val_size`` 0, a tasks module without ``load_test_tasks``, or no task.
     """
-    from agentbolt.trainer.demo import load_tasks_module
+    from agentbolt.trainer.job_config import load_tasks_module
 
     module = load_tasks_module(config.tasks)
     if split == "val":

@@ -49,7 +49,7 @@ def split_tasks(config: PromptOptConfig, split: str) -> list[dict[str, Any]]:
     Raises:
         ConfigError: an unknown split, a tasks module that does not import or has no ``load_test_tasks``, or no tasks.
     """
-    from agentbolt.trainer.demo import load_tasks_module
+    from agentbolt.trainer.job_config import load_tasks_module
 
     if split not in SPLIT_MODES:
         raise ConfigError(f"split must be one of {', '.join(SPLIT_MODES)}, got {split!r}")
@@ -125,7 +125,7 @@ async def run_eval(
     from agentbolt.algorithms.apo import StoreEvaluator
     from agentbolt.algorithms.apo.types import Candidate
     from agentbolt.inference.model_files import get_model_spec
-    from agentbolt.trainer.demo import check_device
+    from agentbolt.trainer.job_config import check_device
     from agentbolt.trainer.prompt_opt import serve_job
     from agentbolt.types import RolloutConfig
 

@@ -605,6 +605,7 @@ class RLTrainer:
         on_step_start: Callable[[int, int], ProgressCallback | None] | None = None,
         on_step_end: Callable[[StepResult], None] | None = None,
         after_step: AfterStep | None = None,
+        keep_going: Callable[[int], bool] | None = None,
     ) -> list[StepResult]:
         """Run training steps ``first_step`` .. ``steps`` (default ``config.steps``) on tasks drawn from ``tasks``.
 
@@ -624,6 +625,8 @@ class RLTrainer:
             on_step_end: called with each step's result.
             after_step: awaited with each step's result after ``on_step_end``, before any later step is enqueued
                 (steps enqueued ahead by asynchronous training excepted); a checkpoint is written there.
+            keep_going: called with a step number before its rollouts are enqueued; ``False`` enqueues no more steps
+                (those already enqueued finish), e.g. to stop at a time budget.
 
         Returns:
             The results of the steps run here, in order.
@@ -640,6 +643,9 @@ class RLTrainer:
         results: list[StepResult] = []
         while True:
             while next_step <= n_steps and len(queued) <= ahead:
+                if keep_going is not None and not keep_going(next_step):
+                    n_steps = next_step - 1
+                    break
                 self._sampler_states[next_step] = self.rng.getstate()
                 queued.append(await self.start_step(next_step, self.sample_tasks(tasks)))
                 next_step += 1

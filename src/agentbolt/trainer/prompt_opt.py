@@ -150,7 +150,7 @@ def check_job_inputs(
     """
     from agentbolt.inference.model_files import check_model_available
     from agentbolt.runner.processes import load_agent
-    from agentbolt.trainer.demo import check_device, load_tasks_module
+    from agentbolt.trainer.job_config import check_device, load_tasks_module
 
     optimizer_model = config.optimizer_model if config.optimizer.base_url is None else None
     for model in (config.model, optimizer_model):

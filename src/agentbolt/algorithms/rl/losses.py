@@ -35,20 +35,17 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
+from agentbolt.algorithms.rl.trainer_config import Aggregation, KLEstimator
 from agentbolt.errors import ConfigError
 
 LOG_RATIO_LIMIT = 20.0
 """``log pi - log pi_old`` is clamped to ``[-20, 20]`` before ``exp`` so one stale token cannot overflow the ratio
 to ``inf`` (verl clamps the same quantity the same way). Inside the clip range it never binds."""
 
-Aggregation = Literal["token_mean", "sequence_mean", "rollout_mean"]
 AGGREGATIONS: tuple[Aggregation, ...] = ("token_mean", "sequence_mean", "rollout_mean")
-
-KLEstimator = Literal["k1", "k3"]
 
 
 def kl_penalty(logprobs_BT: torch.Tensor, ref_logprobs_BT: torch.Tensor, estimator: KLEstimator = "k3") -> torch.Tensor:

@@ -1,10 +1,12 @@
-"""``agentbolt train CONFIG.yaml`` and ``agentbolt demo``: train an agent with LightningRL on this machine, end to end.
+"""The one RL job: ``agentbolt train CONFIG.yaml``, ``agentbolt demo``, the SQL example and the GPU check all run it.
 
-Everything runs locally: a SQLite store file, the server (store API + gateway) on a free loopback port, the embedded
-model (served from a plain copy, trained with LoRA in this process), and runner processes that execute the agent
-against the gateway. ``agentbolt demo`` is the calculator agent of ``examples/calc_agent`` with default settings;
-``agentbolt train`` reads the same settings from a YAML file (:class:`TrainConfig`, e.g.
-``examples/calc_agent/config.yaml``). Outputs in ``out_dir``: ``store.db``, ``reward_curve.png``, ``summary.json``.
+:func:`run_training` starts, on this machine, a SQLite store file, the server (store API + gateway) on a free loopback
+port, the embedded model (served from a plain copy, trained with LoRA in this process) and runner processes that
+execute the agent against the gateway (:func:`~agentbolt.trainer.local.local_training`); then evaluates before,
+trains ``grpo.steps`` steps with a checkpoint after each ``checkpoint.every`` (:mod:`agentbolt.trainer.checkpoint`),
+evaluates after, and writes ``summary.json`` and ``reward_curve.png`` into ``out_dir``. A caller changes what it
+needs through :class:`JobSeams` (its own tasks, a per-step hook, a time budget, extra summary fields) instead of
+copying the job. The settings are :class:`~agentbolt.trainer.job_config.TrainConfig`.
 """
 
 from __future__ import annotations
@@ -12,314 +14,59 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import importlib
 import json
 import logging
 import math
 import resource
 import shlex
-import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, ValidationError, field_validator, model_validator
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from agentbolt.config import GRPOConfig, _Config
 from agentbolt.errors import ConfigError
-from agentbolt.trainer.checkpoint import CheckpointConfig
+from agentbolt.trainer.job_config import RUN_PURPOSE, TrainConfig, check_device, load_tasks_module
+from agentbolt.trainer.plots import plot_reward_curve
 
 if TYPE_CHECKING:
     from agentbolt.trainer.checkpoint import CheckpointInfo
     from agentbolt.trainer.loop import StepResult
-    from agentbolt.trainer.prompt_opt import PromptOptConfig
     from agentbolt.types import Metric
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_AGENT = "examples.calc_agent.agent:calc_agent"
-DEFAULT_TASKS = "examples.calc_agent.tasks"
+TaskSets = tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]
+"""Training tasks and validation sets (set name -> tasks)."""
 
 
-class TrainConfig(_Config):
-    """Settings of ``agentbolt train`` (the YAML file) and ``agentbolt demo``.
+@dataclass(frozen=True)
+class JobSeams:
+    """Where a caller plugs into :func:`run_training`; each ``None`` keeps the train job's behaviour.
 
     Attributes:
-        algorithm: ``lightningrl`` (the only value here; ``apo`` / ``gepa`` files are read as
-            :class:`~agentbolt.trainer.prompt_opt.PromptOptConfig` by :func:`load_job_config`).
-        out_dir: where ``store.db``, ``reward_curve.png`` and ``summary.json`` are written.
-        model: embedded model name (``qwen2.5-0.5b`` or ``smollm2-135m``) or a prepared bf16 model directory.
-        grpo: the RL settings (:class:`~agentbolt.config.GRPOConfig`: estimator, credit assignment, asynchronous
-            training...).
-        tasks: the module that provides the tasks, as ``package.module``, imported from the current folder; it must
-            define ``load_train_tasks(size) -> list[dict]`` and ``load_val_sets(n_per_set) -> dict[str, list[dict]]``.
-        train_size: training tasks asked of ``load_train_tasks``.
-        val_size: tasks per validation set (``None``: whole set; 0: no evaluation).
-        eval_before / eval_after: evaluate on the validation sets before / after training.
-        torch_trainer: more settings of the torch trainer backend
-            (:class:`~agentbolt.algorithms.rl.torch_backend.TorchTrainerConfig` fields such as ``kl_coef``,
-            ``tis_cap``, ``loss_aggregation``, ``micro_batch_tokens``); ``learning_rate`` is set above.
-        runner_processes / runner_concurrency: runner fan-out (processes x rollouts at once each).
-        max_batch_size: gateway batch limit of the embedded backend.
-        batch_wait_s: how long the backend waits for more requests before starting a batch (seconds).
-        learning_rate: AdamW learning rate of the LoRA update.
-        overwrite: replace an existing ``store.db`` in ``out_dir`` instead of refusing.
-        agent: the agent as ``module:attribute``.
-        agent_match: regular expression over agent names; only the matching agents' LLM calls are trained
-            (``None``: all of them).
-        device: where the model is served and trained (``cpu``, ``cuda``, ``cuda:N``).
-        checkpoint: when checkpoints ``out_dir/checkpoints/step-N`` are written and which are kept
-            (:class:`~agentbolt.trainer.checkpoint.CheckpointConfig`).
-        eval_every: also evaluate on the validation sets after every ``eval_every`` steps (``None``: only before and
-            after training); each such checkpoint records its accuracy, and the best one is kept.
-        resume: continue the run in ``out_dir`` from its newest complete checkpoint, on the same store
-            (``agentbolt train --resume``).
-        report_to: experiment trackers that also get every metric the job records (``tensorboard``, ``mlflow``,
-            ``wandb``; W&B offline unless it has an API key), see :mod:`agentbolt.trainer.trackers`.
+        tasks: the training tasks and validation sets to use instead of the config's tasks module (e.g. the SQL
+            example's bands).
+        on_step: called with each step's result after the job has reported it (e.g. a GPU check's record).
+        keep_going: called with a step number before that step's rollouts are enqueued; ``False`` ends training
+            there (e.g. a time budget). The steps done are checkpointed, evaluated and summarized as usual.
+        summary: called with the summary before it is written; may add fields to it.
     """
 
-    algorithm: Literal["lightningrl"] = "lightningrl"
-    out_dir: Path = Path("runs/demo")
-    model: str = "qwen2.5-0.5b"
-    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
-    tasks: str = DEFAULT_TASKS
-    train_size: int = Field(default=512, ge=1)
-    val_size: int | None = Field(default=8, ge=0)
-    eval_before: bool = True
-    eval_after: bool = True
-    torch_trainer: dict[str, Any] = Field(default_factory=dict)
-    learning_rate: float = Field(default=2e-4, gt=0)
-    runner_processes: int = 2
-    runner_concurrency: int = 8
-    max_batch_size: int = 16
-    batch_wait_s: float = Field(default=0.25, ge=0)
-    overwrite: bool = False
-    agent: str = DEFAULT_AGENT
-    agent_match: str | None = None
-    device: str = "cpu"
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
-    eval_every: int | None = Field(default=None, ge=1)
-    resume: bool = False
-    report_to: tuple[str, ...] = ()
-
-    @field_validator("report_to", mode="before")
-    @classmethod
-    def _known_trackers(cls, value: Any) -> tuple[str, ...]:
-        from agentbolt.trainer.trackers import validate_report_to
-
-        return validate_report_to(value)
-
-    @model_validator(mode="after")
-    def _resume_or_overwrite(self) -> TrainConfig:
-        if self.resume and self.overwrite:
-            raise ValueError("resume and overwrite exclude each other: --resume continues OUT, --overwrite replaces it")
-        return self
-
-
-RUN_PURPOSE = "run"
-"""``metadata["purpose"]`` of the resources version a train job writes when it starts (and again when it resumes):
-no resources, the metadata ``config`` (the resolved settings), ``out_dir`` (absolute) and ``resumed_from_step``
-(``None`` for a fresh run). The dashboard's Run page reads it."""
+    tasks: TaskSets | None = None
+    on_step: Callable[[StepResult], None] | None = None
+    keep_going: Callable[[int], bool] | None = None
+    summary: Callable[[dict[str, Any]], None] | None = None
 
 
 def _peak_rss_mb() -> dict[str, float]:
     self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     child_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return {"trainer_and_server_mb": self_kb / 1024, "largest_child_mb": child_kb / 1024}
-
-
-def check_device(device: str) -> None:
-    """Raises ConfigError unless ``device`` is ``cpu``, or ``cuda`` / ``cuda:N`` with CUDA available to torch."""
-    if device == "cpu":
-        return
-    import torch
-
-    if not device.startswith("cuda") or not torch.cuda.is_available():
-        raise ConfigError(
-            f"device {device!r} is not available here (torch sees {torch.cuda.device_count()} CUDA devices); "
-            "use device cpu, cuda or cuda:N"
-        )
-
-
-def load_tasks_module(name: str) -> Any:
-    """Import the tasks module ``name`` (the current folder first on ``sys.path``) and check its two functions.
-
-    Raises:
-        ConfigError: it cannot be imported (e.g. the calc example outside a clone of the repository) or lacks
-            ``load_train_tasks`` / ``load_val_sets``.
-    """
-    if str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
-    try:
-        module = importlib.import_module(name)
-    except ImportError as exc:
-        hint = (
-            "; the calc example lives in examples/calc_agent: run from the root of a clone of the agentbolt repository"
-            if name.startswith("examples.")
-            else ""
-        )
-        raise ConfigError(f"cannot import the tasks module {name!r} ({exc}){hint}") from exc
-    for function in ("load_train_tasks", "load_val_sets"):
-        if not callable(getattr(module, function, None)):
-            raise ConfigError(f"tasks module {name!r} has no function {function}(); see TrainConfig.tasks")
-    return module
-
-
-def read_settings(path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """The mapping of settings in a YAML file, with ``key.sub=value`` overrides applied on top.
-
-    Args:
-        path: the YAML file (a mapping).
-        overrides: ``dotted.key=value`` strings; each value is read as YAML (``3``, ``0.5``, ``true``, ``rloo``).
-
-    Raises:
-        ConfigError: the file is missing, unreadable (a directory) or not a YAML mapping, or an override has no ``=``,
-            a value that is not valid YAML, or goes through a value that is not a section.
-    """
-    import yaml
-
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except OSError as exc:
-        reason = exc.strerror or exc
-        raise ConfigError(f"cannot read config file {path}: {reason}; give the path of a YAML file") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} must hold a mapping of settings (key: value), got {type(data).__name__}")
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"override {item!r} must look like key=value, e.g. grpo.advantage_estimator=rloo")
-        node = data
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"override {item!r}: {part} is not a section")
-            node = child
-        try:
-            node[parts[-1]] = yaml.safe_load(raw)
-        except yaml.YAMLError as exc:
-            problem = getattr(exc, "problem", None) or exc
-            raise ConfigError(
-                f"override {item!r}: the value is not valid YAML ({problem}); quote it, "
-                f"e.g. --set '{key.strip()}=\"...\"'"
-            ) from None
-    return data
-
-
-ConfigT = TypeVar("ConfigT", bound=_Config)
-
-
-def validate_settings(model: type[ConfigT], data: dict[str, Any], path: Path) -> ConfigT:
-    """``model.model_validate(data)``, with a validation error turned into one ConfigError naming each bad field."""
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or '(top)'}: {e['msg']}" for e in exc.errors())
-        raise ConfigError(f"{path}: {problems}") from None
-
-
-def load_train_config(path: Path, overrides: Sequence[str] = ()) -> TrainConfig:
-    """Read a :class:`TrainConfig` from a YAML file, with ``key.sub=value`` overrides (see :func:`read_settings`).
-
-    Raises:
-        ConfigError: as :func:`read_settings`, or a value is invalid (the message names the field).
-    """
-    return validate_settings(TrainConfig, read_settings(path, overrides), path)
-
-
-ALGORITHMS = ("lightningrl", "apo", "gepa")
-"""The values of ``algorithm`` in a job file: RL (the default) or one of the two prompt optimizers."""
-
-
-def load_job_config(path: Path, overrides: Sequence[str] = ()) -> TrainConfig | PromptOptConfig:
-    """The job of ``agentbolt train``: a :class:`TrainConfig` (``algorithm: lightningrl`` or absent) or a
-    :class:`~agentbolt.trainer.prompt_opt.PromptOptConfig` (``algorithm: apo`` or ``gepa``).
-
-    Raises:
-        ConfigError: as :func:`read_settings`, an unknown ``algorithm``, or an invalid value.
-    """
-    from agentbolt.trainer.prompt_opt import PromptOptConfig
-
-    data = read_settings(path, overrides)
-    algorithm = data.get("algorithm", "lightningrl")
-    if algorithm not in ALGORITHMS:
-        raise ConfigError(f"{path}: algorithm {algorithm!r} is unknown; use one of {', '.join(ALGORITHMS)}")
-    if algorithm in ("apo", "gepa"):
-        return validate_settings(PromptOptConfig, data, path)
-    return validate_settings(TrainConfig, data, path)
-
-
-def plot_reward_curves(path: Path, runs: dict[str, list[float]], *, title: str = "train reward per step") -> None:
-    """Write one figure with a train-reward curve per run (e.g. one run per advantage estimator).
-
-    Args:
-        path: the PNG to write.
-        runs: ``label -> mean train reward of each step`` (step 1 first).
-        title: the figure's title.
-
-    Raises:
-        ConfigError: ``runs`` is empty.
-    """
-    if not runs:
-        raise ConfigError("no runs to plot; give at least one summary.json")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for label, rewards in runs.items():
-        ax.plot(list(range(1, len(rewards) + 1)), rewards, marker="o", label=label)
-    ax.set_xlabel("train step")
-    ax.set_ylabel("mean train reward")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def plot_reward_curve(
-    path: Path, train_reward: list[float], val_before: dict[str, float], val_after: dict[str, float]
-) -> None:
-    """Write the demo's figure: train reward per step (left), validation accuracy before/after per set (right)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    steps = list(range(1, len(train_reward) + 1))
-    ax1.plot(steps, train_reward, marker="o")
-    ax1.set_xlabel("train step")
-    ax1.set_ylabel("mean train reward (shaped)")
-    ax1.set_title("train reward")
-    ax1.grid(alpha=0.3)
-    names = list(dict.fromkeys([*val_before, *val_after]))
-    xs = range(len(names))
-    width = 0.38
-    ax2.bar([x - width / 2 for x in xs], [val_before.get(n, 0.0) for n in names], width, label="before")
-    ax2.bar([x + width / 2 for x in xs], [val_after.get(n, 0.0) for n in names], width, label="after")
-    ax2.set_xticks(list(xs), names, rotation=15)
-    ax2.set_ylim(0, 1)
-    ax2.set_ylabel("accuracy")
-    ax2.set_title("validation accuracy")
-    ax2.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def step_row(result: StepResult) -> dict[str, Any]:
@@ -345,6 +92,9 @@ def step_row(result: StepResult) -> dict[str, Any]:
         "update_s": result.update_s,
         "update_stats": {k: v for k, v in result.update_stats.items() if math.isfinite(v)},
         "staleness": staleness,
+        "kept_by_agent": result.kept_by_agent,
+        "dropped_by_agent": result.dropped_by_agent,
+        "n_unmatched": result.n_unmatched,
     }
 
 
@@ -370,7 +120,9 @@ def _check_resume(config: TrainConfig) -> tuple[Path, CheckpointInfo | None]:
     return db_path, info
 
 
-async def run_training(config: TrainConfig, console: Console | None = None) -> dict[str, Any]:
+async def run_training(
+    config: TrainConfig, console: Console | None = None, *, seams: JobSeams | None = None
+) -> dict[str, Any]:
     """Run the whole job and return the summary (also written to ``out_dir/summary.json``).
 
     Writes a checkpoint after every ``checkpoint.every`` steps and the last (:mod:`agentbolt.trainer.checkpoint`).
@@ -384,11 +136,8 @@ async def run_training(config: TrainConfig, console: Console | None = None) -> d
             ``agent_match`` pattern, or (``resume``) nothing to resume; all before anything is written.
     """
     console = console or Console()
+    seams = seams or JobSeams()
     t_start = time.perf_counter()
-    from agentbolt.adapter.advantages import check_estimator_name
-    from agentbolt.adapter.agents import compile_agent_match
-    from agentbolt.adapter.credit import build_credit_scheme
-    from agentbolt.algorithms.rl.torch_backend import TorchTrainerConfig
     from agentbolt.inference.model_files import get_model_spec
     from agentbolt.runner.processes import load_agent
     from agentbolt.trainer.checkpoint import (
@@ -400,21 +149,18 @@ async def run_training(config: TrainConfig, console: Console | None = None) -> d
     from agentbolt.trainer.local import fresh_db_path, local_training, resolve_model
     from agentbolt.trainer.trackers import open_trackers
 
+    # The config's names (estimator, credit, algorithm, torch trainer fields) were checked when it was parsed; what
+    # needs the machine is checked here, before anything is written.
     if not Path(config.model).is_dir():
         get_model_spec(config.model)  # an unknown name fails here, before anything is written
-    compile_agent_match(config.agent_match)
-    build_credit_scheme(
-        config.grpo.credit_assignment, gamma=config.grpo.credit_gamma, air_weights=config.grpo.air_weights
-    )  # an unknown scheme fails here, naming the known ones
-    check_estimator_name(config.grpo.advantage_estimator)  # likewise an unknown estimator
-    try:
-        trainer_config = TorchTrainerConfig(learning_rate=config.learning_rate, **config.torch_trainer)
-    except (ValidationError, TypeError) as exc:
-        raise ConfigError(f"torch_trainer: {exc}") from None
-    if config.grpo.advantage_estimator == "gae" and not trainer_config.value_head:
-        trainer_config = trainer_config.model_copy(update={"value_head": True})  # PPO: the value head is needed
     check_device(config.device)
-    tasks_mod = load_tasks_module(config.tasks)
+    tasks_mod: Any = None
+    if seams.tasks is not None:
+        train_tasks, all_val_sets = seams.tasks
+    else:
+        tasks_mod = load_tasks_module(config.tasks)
+        train_tasks = tasks_mod.load_train_tasks(size=config.train_size)
+        all_val_sets = None
     load_agent(config.agent)  # an agent that does not import fails here, before --overwrite removes a store
     resume_info: CheckpointInfo | None = None
     if config.resume:
@@ -422,9 +168,10 @@ async def run_training(config: TrainConfig, console: Console | None = None) -> d
     else:
         db_path = fresh_db_path(config.out_dir, overwrite=config.overwrite)
 
-    train_tasks = tasks_mod.load_train_tasks(size=config.train_size)
     evaluating = config.val_size != 0 and (config.eval_before or config.eval_after or config.eval_every)
-    val_sets: dict[str, list[dict[str, Any]]] = tasks_mod.load_val_sets(n_per_set=config.val_size) if evaluating else {}
+    val_sets: dict[str, list[dict[str, Any]]] = {}
+    if evaluating:
+        val_sets = all_val_sets if all_val_sets is not None else tasks_mod.load_val_sets(n_per_set=config.val_size)
     grpo = config.grpo
     console.print(
         f"[bold]agentbolt train[/]: model={config.model} steps={grpo.steps} tasks/step={grpo.tasks_per_step} "
@@ -470,7 +217,7 @@ async def run_training(config: TrainConfig, console: Console | None = None) -> d
             agent=config.agent,
             grpo=grpo,
             learning_rate=config.learning_rate,
-            trainer_config=trainer_config,
+            trainer_config=config.trainer_settings,
             runner_processes=config.runner_processes,
             runner_concurrency=config.runner_concurrency,
             max_batch_size=config.max_batch_size,
@@ -487,7 +234,7 @@ async def run_training(config: TrainConfig, console: Console | None = None) -> d
             config.report_to,
             out_dir=config.out_dir,
             run_name=config.out_dir.name if resume_info is None else f"{config.out_dir.name}-from-{resume_info.step}",
-            config=json.loads(config.model_dump_json()),
+            config=config.to_settings(),
         )
         stack.push(lambda exc_type, *_: trackers.close(failed=exc_type is not None))  # a failed run is marked so
 
@@ -503,7 +250,7 @@ async def run_training(config: TrainConfig, console: Console | None = None) -> d
             {},
             metadata={
                 "purpose": RUN_PURPOSE,
-                "config": json.loads(config.model_dump_json()),
+                "config": config.to_settings(),
                 "out_dir": str(config.out_dir.resolve()),
                 "resumed_from_step": None if resume_info is None else resume_info.step,
             },
@@ -543,6 +290,8 @@ async def run_training(config: TrainConfig, console: Console | None = None) -> d
         def record(result: StepResult) -> None:
             report(result)
             job["steps"].append(step_row(result))
+            if seams.on_step is not None:
+                seams.on_step(result)
 
         timing = job["timing_s"]
         with progress:
@@ -554,14 +303,17 @@ async def run_training(config: TrainConfig, console: Console | None = None) -> d
                 job["eval_before_done"] = True
                 timing["eval_before"] = time.perf_counter() - t0
             t_train = time.perf_counter()
-            await trainer.train(
+            results = await trainer.train(
                 train_tasks,
                 first_step=first_step,
                 on_step_start=lambda step, total: tracker(f"step {step}: rollouts", total),
                 on_step_end=record,
                 after_step=checkpointer.after_step,
+                keep_going=seams.keep_going,
             )
             timing["train"] = timing.get("train", 0.0) + time.perf_counter() - t_train
+            if results and results[-1].train_step < grpo.steps and results[-1].train_step % config.checkpoint.every:
+                await checkpointer.save(results[-1].train_step)  # stopped early (keep_going) between checkpoints
             last = checkpointer.written[-1] if checkpointer.written else None
             if last is None and resume_info is not None and resume_info.step >= grpo.steps:
                 last = resume_info.path  # every step was done before the stop: only the evaluation is left
@@ -594,6 +346,8 @@ async def run_training(config: TrainConfig, console: Console | None = None) -> d
     summary["timing_s"]["model_setup"] = model_setup_s
     summary["weight_swaps"] = None if gate is None else dataclasses.asdict(gate.stats)
     summary["checkpoints"] = _checkpoint_rows(config.out_dir)
+    if seams.summary is not None:
+        seams.summary(summary)
     (config.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     plot_reward_curve(
         config.out_dir / "reward_curve.png",
@@ -610,7 +364,7 @@ def dump_config_yaml(config: TrainConfig) -> str:
     """The resolved settings as YAML (every default filled in); ``agentbolt train`` reads it back."""
     import yaml
 
-    data = json.loads(config.model_dump_json())
+    data = config.to_settings()
     data.pop("resume", None)
     data.pop("overwrite", None)
     return yaml.safe_dump(data, sort_keys=False)
@@ -634,6 +388,7 @@ def build_summary(
         "train_reward": [r["reward_mean"] for r in rows],
         "train_reward_std": [r["reward_std"] for r in rows],
         "step_numbers": [r["train_step"] for r in rows],
+        "step_rows": rows,
         "val_accuracy_before": job.get("val_before", {}),
         "val_accuracy_after": job.get("val_after", {}),
         "val_accuracy_during": job.get("val_during", {}),
@@ -645,7 +400,7 @@ def build_summary(
         "update_stats": [r["update_stats"] for r in rows],
         "generation": generation,
         "peak_rss": _peak_rss_mb(),
-        "config": json.loads(config.model_dump_json()),
+        "config": config.to_settings(),
     }
 
 

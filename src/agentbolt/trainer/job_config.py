@@ -1,0 +1,292 @@
+"""The settings of an RL job (``agentbolt train CONFIG.yaml``, ``agentbolt demo``): :class:`TrainConfig`, read from
+YAML with ``--set`` overrides and validated when parsed, before any model loads: the algorithm picks the config type
+(a discriminated union with the prompt optimizers' :class:`~agentbolt.trainer.prompt_opt.PromptOptConfig`), the
+advantage estimator and credit assignment names are checked against their registries, and ``torch_trainer`` is a
+typed :class:`~agentbolt.algorithms.rl.trainer_config.TorchTrainerConfig`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
+
+from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
+
+from agentbolt.algorithms.rl.trainer_config import TorchTrainerConfig
+from agentbolt.config import GRPOConfig, _Config
+from agentbolt.errors import ConfigError
+from agentbolt.trainer.checkpoint import CheckpointConfig
+
+if TYPE_CHECKING:
+    from agentbolt.trainer.prompt_opt import PromptOptConfig
+
+DEFAULT_AGENT = "examples.calc_agent.agent:calc_agent"
+DEFAULT_TASKS = "examples.calc_agent.tasks"
+
+
+class TrainConfig(_Config):
+    """Settings of ``agentbolt train`` (the YAML file) and ``agentbolt demo``.
+
+    Attributes:
+        algorithm: ``lightningrl`` (the only value here; ``apo`` / ``gepa`` files are read as
+            :class:`~agentbolt.trainer.prompt_opt.PromptOptConfig` by :func:`load_job_config`).
+        out_dir: where ``store.db``, ``reward_curve.png`` and ``summary.json`` are written.
+        model: embedded model name (``qwen2.5-0.5b`` or ``smollm2-135m``) or a prepared bf16 model directory.
+        grpo: the RL settings (:class:`~agentbolt.config.GRPOConfig`: estimator, credit assignment, asynchronous
+            training...).
+        tasks: the module that provides the tasks, as ``package.module``, imported from the current folder; it must
+            define ``load_train_tasks(size) -> list[dict]`` and ``load_val_sets(n_per_set) -> dict[str, list[dict]]``.
+        train_size: training tasks asked of ``load_train_tasks``.
+        val_size: tasks per validation set (``None``: whole set; 0: no evaluation).
+        eval_before / eval_after: evaluate on the validation sets before / after training.
+        torch_trainer: more settings of the torch trainer backend, validated when the config is parsed
+            (:class:`~agentbolt.algorithms.rl.torch_backend.TorchTrainerConfig` fields such as ``kl_coef``,
+            ``tis_cap``, ``loss_aggregation``, ``micro_batch_tokens``); ``learning_rate`` is set above.
+        runner_processes / runner_concurrency: runner fan-out (processes x rollouts at once each).
+        max_batch_size: gateway batch limit of the embedded backend.
+        batch_wait_s: how long the backend waits for more requests before starting a batch (seconds).
+        learning_rate: AdamW learning rate of the LoRA update.
+        overwrite: replace an existing ``store.db`` in ``out_dir`` instead of refusing.
+        agent: the agent as ``module:attribute``.
+        agent_match: regular expression over agent names; only the matching agents' LLM calls are trained
+            (``None``: all of them).
+        device: where the model is served and trained (``cpu``, ``cuda``, ``cuda:N``).
+        checkpoint: when checkpoints ``out_dir/checkpoints/step-N`` are written and which are kept
+            (:class:`~agentbolt.trainer.checkpoint.CheckpointConfig`).
+        eval_every: also evaluate on the validation sets after every ``eval_every`` steps (``None``: only before and
+            after training); each such checkpoint records its accuracy, and the best one is kept.
+        resume: continue the run in ``out_dir`` from its newest complete checkpoint, on the same store
+            (``agentbolt train --resume``).
+        report_to: experiment trackers that also get every metric the job records (``tensorboard``, ``mlflow``,
+            ``wandb``; W&B offline unless it has an API key), see :mod:`agentbolt.trainer.trackers`.
+    """
+
+    algorithm: Literal["lightningrl"] = "lightningrl"
+    out_dir: Path = Path("runs/demo")
+    model: str = "qwen2.5-0.5b"
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    tasks: str = DEFAULT_TASKS
+    train_size: int = Field(default=512, ge=1)
+    val_size: int | None = Field(default=8, ge=0)
+    eval_before: bool = True
+    eval_after: bool = True
+    torch_trainer: TorchTrainerConfig = Field(default_factory=TorchTrainerConfig)
+    learning_rate: float = Field(default=2e-4, gt=0)
+    runner_processes: int = 2
+    runner_concurrency: int = 8
+    max_batch_size: int = 16
+    batch_wait_s: float = Field(default=0.25, ge=0)
+    overwrite: bool = False
+    agent: str = DEFAULT_AGENT
+    agent_match: str | None = None
+    device: str = "cpu"
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    eval_every: int | None = Field(default=None, ge=1)
+    resume: bool = False
+    report_to: tuple[str, ...] = ()
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _known_trackers(cls, value: Any) -> tuple[str, ...]:
+        from agentbolt.trainer.trackers import validate_report_to
+
+        return validate_report_to(value)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_learning_rate(cls, data: Any) -> Any:
+        trainer = data.get("torch_trainer") if isinstance(data, dict) else None
+        if isinstance(trainer, dict) and "learning_rate" in trainer:
+            raise ValueError("set learning_rate at the top level of the config, not under torch_trainer")
+        return data
+
+    @model_validator(mode="after")
+    def _resume_or_overwrite(self) -> TrainConfig:
+        if self.resume and self.overwrite:
+            raise ValueError("resume and overwrite exclude each other: --resume continues OUT, --overwrite replaces it")
+        return self
+
+    @model_validator(mode="after")
+    def _known_names(self) -> TrainConfig:
+        """The estimator, credit assignment and agent_match are checked against their registries when the config is
+        parsed (the error names the known ones), not when the job reaches them."""
+        from agentbolt.adapter.advantages import check_estimator_name
+        from agentbolt.adapter.agents import compile_agent_match
+        from agentbolt.adapter.credit import build_credit_scheme
+
+        grpo = self.grpo
+        try:
+            check_estimator_name(grpo.advantage_estimator)
+            build_credit_scheme(grpo.credit_assignment, gamma=grpo.credit_gamma, air_weights=grpo.air_weights)
+            compile_agent_match(self.agent_match)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    def to_settings(self) -> dict[str, Any]:
+        """The settings as plain JSON data that :func:`validate_settings` reads back to an equal config (the torch
+        trainer's ``learning_rate`` is left out: the top-level one is the setting)."""
+        return self.model_dump(mode="json", exclude={"torch_trainer": {"learning_rate"}})
+
+    @property
+    def trainer_settings(self) -> TorchTrainerConfig:
+        """``torch_trainer`` with this config's ``learning_rate``, and a value head when the estimator is ``gae``
+        (PPO needs one)."""
+        update: dict[str, Any] = {"learning_rate": self.learning_rate}
+        if self.grpo.advantage_estimator == "gae":
+            update["value_head"] = True
+        return self.torch_trainer.model_copy(update=update)
+
+
+RUN_PURPOSE = "run"
+"""``metadata["purpose"]`` of the resources version a train job writes when it starts (and again when it resumes):
+no resources, the metadata ``config`` (the resolved settings), ``out_dir`` (absolute) and ``resumed_from_step``
+(``None`` for a fresh run). The dashboard's Run page reads it."""
+
+
+def check_device(device: str) -> None:
+    """Raises ConfigError unless ``device`` is ``cpu``, or ``cuda`` / ``cuda:N`` with CUDA available to torch."""
+    if device == "cpu":
+        return
+    import torch
+
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        raise ConfigError(
+            f"device {device!r} is not available here (torch sees {torch.cuda.device_count()} CUDA devices); "
+            "use device cpu, cuda or cuda:N"
+        )
+
+
+def load_tasks_module(name: str) -> Any:
+    """Import the tasks module ``name`` (the current folder first on ``sys.path``) and check its two functions.
+
+    Raises:
+        ConfigError: it cannot be imported (e.g. the calc example outside a clone of the repository) or lacks
+            ``load_train_tasks`` / ``load_val_sets``.
+    """
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(name)
+    except ImportError as exc:
+        hint = (
+            "; the calc example lives in examples/calc_agent: run from the root of a clone of the agentbolt repository"
+            if name.startswith("examples.")
+            else ""
+        )
+        raise ConfigError(f"cannot import the tasks module {name!r} ({exc}){hint}") from exc
+    for function in ("load_train_tasks", "load_val_sets"):
+        if not callable(getattr(module, function, None)):
+            raise ConfigError(f"tasks module {name!r} has no function {function}(); see TrainConfig.tasks")
+    return module
+
+
+def read_settings(path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """The mapping of settings in a YAML file, with ``key.sub=value`` overrides applied on top.
+
+    Args:
+        path: the YAML file (a mapping).
+        overrides: ``dotted.key=value`` strings; each value is read as YAML (``3``, ``0.5``, ``true``, ``rloo``).
+
+    Raises:
+        ConfigError: the file is missing, unreadable (a directory) or not a YAML mapping, or an override has no ``=``,
+            a value that is not valid YAML, or goes through a value that is not a section.
+    """
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except OSError as exc:
+        reason = exc.strerror or exc
+        raise ConfigError(f"cannot read config file {path}: {reason}; give the path of a YAML file") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of settings (key: value), got {type(data).__name__}")
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} must look like key=value, e.g. grpo.advantage_estimator=rloo")
+        node = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {part} is not a section")
+            node = child
+        try:
+            node[parts[-1]] = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            problem = getattr(exc, "problem", None) or exc
+            raise ConfigError(
+                f"override {item!r}: the value is not valid YAML ({problem}); quote it, "
+                f"e.g. --set '{key.strip()}=\"...\"'"
+            ) from None
+    return data
+
+
+ConfigT = TypeVar("ConfigT", bound=_Config)
+
+
+def validate_settings(model: type[ConfigT], data: dict[str, Any], path: Path) -> ConfigT:
+    """``model.model_validate(data)``, with a validation error turned into one ConfigError naming each bad field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: {_problems(exc)}") from None
+
+
+def load_train_config(path: Path, overrides: Sequence[str] = ()) -> TrainConfig:
+    """Read a :class:`TrainConfig` from a YAML file, with ``key.sub=value`` overrides (see :func:`read_settings`).
+
+    Raises:
+        ConfigError: as :func:`read_settings`, or a value is invalid (the message names the field).
+    """
+    return validate_settings(TrainConfig, read_settings(path, overrides), path)
+
+
+ALGORITHMS = ("lightningrl", "apo", "gepa")
+"""The values of ``algorithm`` in a job file: RL (the default) or one of the two prompt optimizers."""
+
+
+def _job_adapter() -> TypeAdapter[Any]:
+    from agentbolt.trainer.prompt_opt import PromptOptConfig
+
+    return TypeAdapter(Annotated[TrainConfig | PromptOptConfig, Field(discriminator="algorithm")])
+
+
+def load_job_config(path: Path, overrides: Sequence[str] = ()) -> TrainConfig | PromptOptConfig:
+    """The job of ``agentbolt train``: a :class:`TrainConfig` (``algorithm: lightningrl`` or absent) or a
+    :class:`~agentbolt.trainer.prompt_opt.PromptOptConfig` (``algorithm: apo`` or ``gepa``), picked by ``algorithm``
+    (a discriminated union) and validated whole before anything runs.
+
+    Raises:
+        ConfigError: as :func:`read_settings`, an unknown ``algorithm``, or an invalid value (the message names it).
+    """
+    data = read_settings(path, overrides)
+    algorithm = data.setdefault("algorithm", "lightningrl")
+    if algorithm not in ALGORITHMS:
+        raise ConfigError(f"{path}: algorithm {algorithm!r} is unknown; use one of {', '.join(ALGORITHMS)}")
+    try:
+        return _job_adapter().validate_python(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: {_problems(exc, strip_tag=True)}") from None
+
+
+def _problems(exc: ValidationError, *, strip_tag: bool = False) -> str:
+    """One line naming each bad field of a validation error (the union's tag left out of the path)."""
+    parts = []
+    for error in exc.errors():
+        loc = [str(x) for x in error["loc"]]
+        if strip_tag and loc and loc[0] in ALGORITHMS:
+            loc = loc[1:]
+        message = str(error["msg"]).removeprefix("Value error, ")
+        parts.append(f"{'.'.join(loc) or '(top)'}: {message}")
+    return "; ".join(parts)

@@ -1,0 +1,70 @@
+"""Figures of training runs (matplotlib, Agg backend): one run's reward curve and validation bars, several runs'
+curves side by side (``agentbolt plot``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agentbolt.errors import ConfigError
+
+
+def plot_reward_curves(path: Path, runs: dict[str, list[float]], *, title: str = "train reward per step") -> None:
+    """Write one figure with a train-reward curve per run (e.g. one run per advantage estimator).
+
+    Args:
+        path: the PNG to write.
+        runs: ``label -> mean train reward of each step`` (step 1 first).
+        title: the figure's title.
+
+    Raises:
+        ConfigError: ``runs`` is empty.
+    """
+    if not runs:
+        raise ConfigError("no runs to plot; give at least one summary.json")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, rewards in runs.items():
+        ax.plot(list(range(1, len(rewards) + 1)), rewards, marker="o", label=label)
+    ax.set_xlabel("train step")
+    ax.set_ylabel("mean train reward")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_reward_curve(
+    path: Path, train_reward: list[float], val_before: dict[str, float], val_after: dict[str, float]
+) -> None:
+    """Write the demo's figure: train reward per step (left), validation accuracy before/after per set (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    steps = list(range(1, len(train_reward) + 1))
+    ax1.plot(steps, train_reward, marker="o")
+    ax1.set_xlabel("train step")
+    ax1.set_ylabel("mean train reward (shaped)")
+    ax1.set_title("train reward")
+    ax1.grid(alpha=0.3)
+    names = list(dict.fromkeys([*val_before, *val_after]))
+    xs = range(len(names))
+    width = 0.38
+    ax2.bar([x - width / 2 for x in xs], [val_before.get(n, 0.0) for n in names], width, label="before")
+    ax2.bar([x + width / 2 for x in xs], [val_after.get(n, 0.0) for n in names], width, label="after")
+    ax2.set_xticks(list(xs), names, rotation=15)
+    ax2.set_ylim(0, 1)
+    ax2.set_ylabel("accuracy")
+    ax2.set_title("validation accuracy")
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
