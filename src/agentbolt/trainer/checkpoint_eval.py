@@ -83,7 +83,7 @@ async def run_checkpoint_eval(
     from agentbolt.algorithms.rl.weight_sync import apply_adapter
     from agentbolt.runner.processes import load_agent
     from agentbolt.trainer.checkpoint import read_checkpoint
-    from agentbolt.trainer.local import fresh_db_path, local_serving
+    from agentbolt.trainer.local import fresh_db_path, local_serving, serving_options
     from agentbolt.trainer.loop import RLTrainer
 
     console = console or Console()
@@ -111,16 +111,7 @@ async def run_checkpoint_eval(
         f"max_tokens {grpo.max_tokens}"
     )
     async with local_serving(
-        model=config.model,
-        db_path=db_path,
-        agent=config.agent,
-        runner_processes=config.runner_processes,
-        runner_concurrency=config.runner_concurrency,
-        max_batch_size=config.max_batch_size,
-        batch_wait_s=config.batch_wait_s,
-        console=console,
-        device=config.device,
-        prepare=merge_adapter,
+        **serving_options(config), db_path=db_path, console=console, prepare=merge_adapter
     ) as serving:
         evaluator = RLTrainer(
             serving.store, serving.backend, None, grpo, gateway_url=serving.url, agent_match=config.agent_match

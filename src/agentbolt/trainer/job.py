@@ -146,7 +146,7 @@ async def run_training(
         ensure_checkpoint_published,
         restore_missing_metrics,
     )
-    from agentbolt.trainer.local import fresh_db_path, local_training, resolve_model
+    from agentbolt.trainer.local import fresh_db_path, local_training, resolve_model, serving_options
     from agentbolt.trainer.trackers import open_trackers
 
     # The config's names (estimator, credit, algorithm, torch trainer fields) were checked when it was parsed; what
@@ -212,19 +212,12 @@ async def run_training(
     async with (
         contextlib.AsyncExitStack() as stack,
         local_training(
-            model=config.model,
+            **serving_options(config),
             db_path=db_path,
-            agent=config.agent,
             grpo=grpo,
-            learning_rate=config.learning_rate,
             trainer_config=config.trainer_settings,
-            runner_processes=config.runner_processes,
-            runner_concurrency=config.runner_concurrency,
-            max_batch_size=config.max_batch_size,
-            batch_wait_s=config.batch_wait_s,
             agent_match=config.agent_match,
             console=console,
-            device=config.device,
             resume_from=None if resume_info is None else resume_info.path,
         ) as local,
     ):

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rich.console import Console
 
@@ -52,6 +52,40 @@ class LocalTraining:
     url: str
     model_setup_s: float
     updater: TorchPolicyTrainer
+
+
+class MachineSettings(Protocol):
+    """What a job's settings say about running it on this machine (``TrainConfig`` and ``PromptOptConfig`` have
+    these fields)."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def agent(self) -> str: ...
+    @property
+    def runner_processes(self) -> int: ...
+    @property
+    def runner_concurrency(self) -> int: ...
+    @property
+    def max_batch_size(self) -> int: ...
+    @property
+    def batch_wait_s(self) -> float: ...
+    @property
+    def device(self) -> str: ...
+
+
+def serving_options(settings: MachineSettings) -> dict[str, Any]:
+    """The keyword arguments of :func:`local_serving` / :func:`local_training` that a job's settings give: model,
+    agent, runner fan-out, batching and device."""
+    return {
+        "model": settings.model,
+        "agent": settings.agent,
+        "runner_processes": settings.runner_processes,
+        "runner_concurrency": settings.runner_concurrency,
+        "max_batch_size": settings.max_batch_size,
+        "batch_wait_s": settings.batch_wait_s,
+        "device": settings.device,
+    }
 
 
 def resolve_model(model: str | Path) -> Path:

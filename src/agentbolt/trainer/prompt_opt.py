@@ -174,19 +174,9 @@ def check_job_inputs(
 
 def serve_job(config: PromptOptConfig, db_path: Path, console: Console) -> AbstractAsyncContextManager[LocalServing]:
     """:func:`~agentbolt.trainer.local.local_serving` with the job's model, agent, runner and batching settings."""
-    from agentbolt.trainer.local import local_serving
+    from agentbolt.trainer.local import local_serving, serving_options
 
-    return local_serving(
-        model=config.model,
-        db_path=db_path,
-        agent=config.agent,
-        runner_processes=config.runner_processes,
-        runner_concurrency=config.runner_concurrency,
-        max_batch_size=config.max_batch_size,
-        batch_wait_s=config.batch_wait_s,
-        console=console,
-        device=config.device,
-    )
+    return local_serving(**serving_options(config), db_path=db_path, console=console)
 
 
 def agent_llm(config: PromptOptConfig, serving: LocalServing) -> LLM:
