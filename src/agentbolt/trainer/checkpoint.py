@@ -32,6 +32,7 @@ the resumed run runs it again.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -410,8 +411,16 @@ class RunCheckpointer:
             "job": self.job_state(),
             "metrics": pending,
         }
-        path = await asyncio.to_thread(
-            write_checkpoint, self.out_dir, step, save_files=self.save_files, meta=meta, config_yaml=self.config_yaml
+        # on the update thread: the save reads the policy's tensors, and their memory stays in one malloc arena
+        path = await trainer.on_update_thread(
+            functools.partial(
+                write_checkpoint,
+                self.out_dir,
+                step,
+                save_files=self.save_files,
+                meta=meta,
+                config_yaml=self.config_yaml,
+            )
         )
         trainer.checkpoint_paths[version] = str(path)
         await publish_checkpoint(trainer, path, step=step, version=version)

@@ -450,4 +450,7 @@ async def local_training(
             agent_match=agent_match,
             swap_gate=serving.gate,
         )
-        yield LocalTraining(trainer, serving.store, backend, serving.url, serving.model_setup_s, updater)
+        try:
+            yield LocalTraining(trainer, serving.store, backend, serving.url, serving.model_setup_s, updater)
+        finally:
+            trainer.close()
