@@ -294,3 +294,24 @@ def test_eval_checkpoint_reproduces_the_after_accuracy(tmp_path: Path, smollm2_d
     assert again.returncode == 2 and "--overwrite" in again.stdout + again.stderr
     wrong = cli("eval", str(config_path), "--resources", "rs-1")
     assert wrong.returncode == 2 and "--checkpoint OUT/checkpoints/step-N" in wrong.stdout + wrong.stderr
+
+
+def test_a_damaged_checkpoint_is_named(tmp_path: Path, smollm2_dir: Path) -> None:
+    """A truncated adapter or trainer state (a disk filled up, a copy cut short) is a ConfigError that says to delete
+    the folder, never a deserializer traceback."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agentbolt.algorithms.rl.torch_backend import TorchPolicyTrainer, TorchTrainerConfig, attach_lora
+    from agentbolt.errors import ConfigError
+
+    config = TorchTrainerConfig(lora_r=4, lora_alpha=8, lora_target_modules=("q_proj",))
+    policy = attach_lora(AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.bfloat16), config)
+    trainer = TorchPolicyTrainer(policy, config, pad_token_id=0)
+    for name in ("adapter_model.safetensors", "trainer_state.pt"):
+        folder = tmp_path / name
+        trainer.save_state(folder)
+        target = folder / name
+        target.write_bytes(target.read_bytes()[:100])
+        with pytest.raises(ConfigError, match="damaged.*delete that folder"):
+            trainer.load_state(folder)

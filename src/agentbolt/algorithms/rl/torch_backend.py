@@ -410,7 +410,10 @@ class TorchPolicyTrainer:
             ConfigError: a file is missing, the checkpoint has a value head and this trainer not (or the reverse),
                 or its tensors do not fit this model (another model or other LoRA settings).
         """
+        import pickle
+
         from peft import set_peft_model_state_dict
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
         directory = Path(directory)
@@ -426,17 +429,24 @@ class TorchPolicyTrainer:
                 f"checkpoint {directory} {have} a value head and this run's trainer "
                 f"{'does not' if self.value_head is None else 'does'}; resume with the same advantage_estimator"
             )
-        try:
+        try:  # read every file first: a truncated one is damage, not a model mismatch
             adapter = load_file(str(adapter_file), device=str(self.device))
+            head = load_file(str(head_file), device=str(self.device)) if self.value_head is not None else None
+            state = torch.load(state_file, map_location="cpu", weights_only=True)
+        except (SafetensorError, pickle.UnpicklingError, EOFError, RuntimeError) as exc:
+            raise ConfigError(
+                f"checkpoint {directory} is damaged ({str(exc).splitlines()[0][:200]}); delete that folder to resume "
+                "from the one before it"
+            ) from None
+        try:
             result = set_peft_model_state_dict(self.model, adapter)
             if getattr(result, "unexpected_keys", None):
                 raise ConfigError(f"unexpected tensors {result.unexpected_keys[:3]}")
             missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k]
             if missing:
                 raise ConfigError(f"LoRA tensors missing from the checkpoint, e.g. {missing[:3]}")
-            if self.value_head is not None:
-                self.value_head.load_state_dict(load_file(str(head_file), device=str(self.device)))
-            state = torch.load(state_file, map_location="cpu", weights_only=True)
+            if self.value_head is not None and head is not None:
+                self.value_head.load_state_dict(head)
             self.optimizer.load_state_dict(state["optimizer"])
             for group in self.optimizer.param_groups:  # this run's setting wins (the same unless it was changed)
                 group["lr"] = self.config.learning_rate
