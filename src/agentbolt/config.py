@@ -42,7 +42,9 @@ class GRPOConfig(_Config):
             (:func:`agentbolt.adapter.samples.merge_transitions`).
         rollout_timeout_s: lease of one attempt; an attempt running longer is marked ``timeout``.
         max_attempts: tries per rollout (retries only on timeout/unresponsive).
-        accuracy_reward_name: the named reward that evaluation reads as accuracy (0 or 1).
+        accuracy_reward_name: the named reward that evaluation reads as accuracy; a rollout with no reward of that
+            name is scored by its final reward. A rollout is correct when that value is at least 1.0
+            (:func:`agentbolt.adapter.trajectory.is_correct`).
         seed: shuffles the training tasks.
         async_rollouts: steps of rollouts enqueued ahead of the update (asynchronous training,
             :meth:`agentbolt.trainer.loop.RLTrainer.train`): 0 = synchronous; ``k`` = runners keep generating the

@@ -21,6 +21,9 @@ GEN_AI_RESPONSE_FINISH_REASON: Final = "gen_ai.response.finish_reasons"
 GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
 GEN_AI_REQUEST_TEMPERATURE: Final = "gen_ai.request.temperature"
+"""float: the temperature the call ran with (applied by the gateway: :mod:`agentbolt.server.gateway.sampling`)."""
+GEN_AI_REQUEST_TOP_P: Final = "gen_ai.request.top_p"
+GEN_AI_REQUEST_MAX_TOKENS: Final = "gen_ai.request.max_tokens"
 
 # agentbolt.* keys on LLM spans
 LLM_PROMPT_TOKEN_IDS: Final = "agentbolt.llm.prompt_token_ids"
@@ -41,6 +44,9 @@ LLM_TRAINABLE: Final = "agentbolt.llm.trainable"
 LLM_MODEL_VERSION: Final = "agentbolt.llm.model_version"
 """str: the weights version that served the call (e.g. ``step-3``)."""
 LLM_ERROR: Final = "agentbolt.llm.error"
+LLM_SAMPLING_REQUESTED: Final = "agentbolt.llm.sampling_requested"
+"""dict: the sampling fields the agent set in its request (``temperature``, ``top_p``, ``max_tokens``), when they
+may differ from what was applied (``gen_ai.request.*``)."""
 
 # Reward spans
 REWARD_VALUE: Final = "agentbolt.reward.value"

@@ -136,12 +136,14 @@ def test_sigkill_mid_step_then_resume(tmp_path: Path, smollm2_dir: Path, monkeyp
         _wait_for(step1.is_file, 240, proc, "checkpoint step-1")
         # in the middle of step 2: its rollouts are enqueued and at least one is running
         _wait_for(
-            lambda: _rows(
-                db,
-                "SELECT COUNT(*) FROM rollouts WHERE status = 'running' "
-                "AND json_extract(metadata, '$.train_step') = 2",
-            )[0][0]
-            > 0,
+            lambda: (
+                _rows(
+                    db,
+                    "SELECT COUNT(*) FROM rollouts WHERE status = 'running' "
+                    "AND json_extract(metadata, '$.train_step') = 2",
+                )[0][0]
+                > 0
+            ),
             120,
             proc,
             "a running rollout of step 2",
@@ -204,9 +206,7 @@ def test_sigkill_mid_step_then_resume(tmp_path: Path, smollm2_dir: Path, monkeyp
     assert json.loads((out / "summary.json").read_text())["step_numbers"] == [1, 2, 3]
     enqueued = _rows(db, "SELECT json_extract(metadata, '$.train_step'), COUNT(*) FROM rollouts GROUP BY 1 ORDER BY 1")
     assert enqueued[0] == (1, 4) and enqueued[-1] == (3, 4)  # step 1 never ran again; step 2 twice (killed + resumed)
-    assert _rows(db, "SELECT COUNT(*) FROM rollouts WHERE status NOT IN ('succeeded', 'failed', 'cancelled')") == [
-        (0,)
-    ]
+    assert _rows(db, "SELECT COUNT(*) FROM rollouts WHERE status NOT IN ('succeeded', 'failed', 'cancelled')") == [(0,)]
     assert _rows(db, "SELECT COUNT(*) FROM rollouts WHERE status = 'cancelled'")[0][0] == open_before[0][0]
 
     # partial folders are gone; every step has a complete checkpoint

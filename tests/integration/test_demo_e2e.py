@@ -80,9 +80,11 @@ def test_demo_one_step_with_smollm2(tmp_path: Path, smollm2_dir: Path, monkeypat
             versions = await store.query_resources()
             assert [v.metadata["purpose"] for v in versions] == ["run", "before", "train", "checkpoint", "after"]
             assert versions[-1].metadata["model_version"] == "step-1"
-            assert versions[-1].metadata["checkpoint"] == versions[3].metadata["checkpoint"] == on_disk[
-                "checkpoints"
-            ][0]["path"]
+            assert (
+                versions[-1].metadata["checkpoint"]
+                == versions[3].metadata["checkpoint"]
+                == on_disk["checkpoints"][0]["path"]
+            )
             assert {m.name for m in await store.query_metrics()} >= {"train_reward_mean", "update_s"}
         finally:
             await store.close()

@@ -100,8 +100,10 @@ class SpyBackend:
         self.model_name = inner.model_name
         self.model_version = inner.model_version
         self.results: list[GenerationResult] = []
+        self.requests: list[GenerationRequest] = []
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
+        self.requests.append(request)
         result = await self.inner.generate(request)
         self.results.append(result)
         return result
@@ -142,11 +144,15 @@ class Attempt:
         return [s for s in spans if s.name == semconv.SPAN_LLM_CALL]
 
 
-def serve(backend: Any, test: Callable[[Attempt], Any]) -> None:
+def serve(backend: Any, test: Callable[[Attempt], Any], *, llm: LLM | None = None) -> None:
+    """Run ``test`` against a claimed, running attempt; with ``llm``, the rollout runs under a resources version
+    holding it."""
+
     async def main() -> None:
         store = InMemoryLightningStore()
         async with serve_in_background(create_app(store, backend)) as url:
-            rollout = await store.enqueue_rollout({"q": 1})
+            resources_id = None if llm is None else (await store.add_resources({"llm": llm})).resources_id
+            rollout = await store.enqueue_rollout({"q": 1}, resources_id=resources_id)
             claimed = await store.claim_rollout("w")
             assert claimed is not None
             await store.update_attempt(rollout.rollout_id, claimed.attempt.attempt_id, AttemptStatus.RUNNING)
@@ -368,3 +374,42 @@ def test_plain_route_serves_the_model_outside_any_rollout_and_records_nothing(ba
         await plain.close()
 
     serve(backend, test)
+
+
+@pytest.mark.parametrize("enforced", [True, False])
+def test_the_versions_sampling_settings_are_applied_and_recorded(backend: Any, enforced: bool) -> None:
+    """A train job's version (enforced) decides temperature/top_p and caps max_tokens whatever the agent asks; a
+    user's version only fills what the request leaves unset. The span records applied and requested values."""
+    spy = SpyBackend(backend)
+    llm = LLM(
+        endpoint="http://unused",
+        model="m",
+        sampling_parameters={"temperature": 0.0, "top_p": 1.0, "max_tokens": 6},
+        sampling_enforced=enforced,
+    )
+    messages = [{"role": "user", "content": "Name two fruits."}]
+
+    async def test(at: Attempt) -> None:
+        client = at.client()
+        await client.chat.completions.create(model="m", messages=messages)  # the README agent: no settings
+        await client.chat.completions.create(model="m", messages=messages, temperature=1.5, top_p=0.5, max_tokens=3)
+        await client.chat.completions.create(model="m", messages=messages, max_completion_tokens=40)
+        plain, asked, longer = await at.spans()
+        applied = [(r.temperature, r.top_p, r.max_tokens) for r in spy.requests]
+        if enforced:
+            assert applied == [(0.0, 1.0, 6), (0.0, 1.0, 3), (0.0, 1.0, 6)]
+            # Greedy whatever was asked: the 3-token answer is the start of the 6-token one.
+            assert spy.results[1].response_token_ids == spy.results[0].response_token_ids[:3]
+        else:
+            assert applied == [(0.0, 1.0, 6), (1.5, 0.5, 3), (0.0, 1.0, 40)]
+        for span, (temperature, top_p, max_tokens) in zip((plain, asked, longer), applied, strict=True):
+            assert span.attributes[semconv.GEN_AI_REQUEST_TEMPERATURE] == temperature
+            assert span.attributes[semconv.GEN_AI_REQUEST_TOP_P] == top_p
+            assert span.attributes[semconv.GEN_AI_REQUEST_MAX_TOKENS] == max_tokens
+        assert semconv.LLM_SAMPLING_REQUESTED not in plain.attributes
+        assert asked.attributes[semconv.LLM_SAMPLING_REQUESTED] == {"temperature": 1.5, "top_p": 0.5, "max_tokens": 3}
+        assert longer.attributes[semconv.LLM_SAMPLING_REQUESTED] == {"max_tokens": 40}
+        assert len(spy.results[0].response_token_ids) <= 6
+        await client.close()
+
+    serve(spy, test, llm=llm)

@@ -83,6 +83,7 @@ def test_hot_routes_answer_like_fastapi() -> None:
                 }
             elif front.status_code == 200:
                 assert front.json().keys() == fastapi_path.json().keys() if front.json() else not fastapi_path.json()
+
     asyncio.run(main())
 
 

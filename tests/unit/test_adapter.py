@@ -8,6 +8,7 @@ import pytest
 
 from agentbolt import semconv
 from agentbolt.adapter import build_trajectory
+from agentbolt.adapter.trajectory import accuracy_reward, is_correct
 from agentbolt.errors import ConfigError
 from agentbolt.types import Rollout, Span, SpanStatus, TrajectoryFlag
 
@@ -175,3 +176,19 @@ def test_last_reward_reads_by_name_and_skips_invalid_values() -> None:
     assert last_reward(spans, "correct") == 0.0
     assert last_reward(spans, "missing") is None
     assert last_reward([]) is None
+
+
+def test_accuracy_reward_reads_the_named_reward_else_the_final_one() -> None:
+    spans = sorted(_spans(), key=lambda s: s.sequence_id)  # as the store returns them: final reward 1.0 last
+    assert accuracy_reward(spans, "format_ok") == 0.25
+    # No reward called "correct": the README-style agent that only returns its reward is scored by it.
+    assert accuracy_reward(spans, "correct") == 1.0
+    assert accuracy_reward(spans, None) == 1.0
+    # The rollout's final reward (set by the status call) wins over the spans, as in build_trajectory.
+    assert accuracy_reward(spans, "correct", final_reward=0.0) == 0.0
+    assert accuracy_reward(spans, "format_ok", final_reward=0.0) == 0.25
+    assert accuracy_reward([_llm(1, [1], [2])], "correct") is None
+
+
+def test_is_correct_counts_rewards_of_at_least_one() -> None:
+    assert [is_correct(v) for v in (None, 0.0, 0.999, 1.0, 1.45)] == [False, False, False, True, True]

@@ -209,6 +209,31 @@ def last_reward(spans: Sequence[Span], name: str | None = None) -> float | None:
     return None
 
 
+CORRECT_AT = 1.0
+"""A rollout counts as correct when its accuracy reward is at least this (unit: reward)."""
+
+
+def accuracy_reward(spans: Sequence[Span], name: str | None, final_reward: float | None = None) -> float | None:
+    """The reward that scores one attempt for accuracy: the last reward called ``name`` when the attempt recorded
+    one, else its final reward (``final_reward``, the rollout's, when given; else the last unnamed reward span, the
+    rule of :func:`build_trajectory`); ``None`` when it has neither.
+
+    An agent that emits a component such as ``correct`` is scored by it; an agent that only returns its reward
+    (the README's style) is scored by that reward. Count the attempt correct when the value is at least
+    :data:`CORRECT_AT`, as :func:`is_correct` does.
+    """
+    value = last_reward(spans, name) if name is not None else None
+    if value is not None:
+        return value
+    return final_reward if final_reward is not None else last_reward(spans, None)
+
+
+def is_correct(value: float | None) -> bool:
+    """``True`` when an accuracy reward (:func:`accuracy_reward`) is at least :data:`CORRECT_AT`; ``None`` (no
+    reward, or a rollout that did not succeed) is not correct."""
+    return value is not None and value >= CORRECT_AT
+
+
 def _reward_value(raw: object) -> float | None:
     """A reward span's value as a float, or ``None`` when it is missing, not a number, or not finite."""
     if isinstance(raw, bool) or not isinstance(raw, int | float):

@@ -28,6 +28,7 @@ from agentbolt.server.dashboard_run import router as run_router
 from agentbolt.server.errors import install_error_handlers
 from agentbolt.server.gateway.routes import plain_router as plain_gateway_router
 from agentbolt.server.gateway.routes import router as gateway_router
+from agentbolt.server.gateway.sampling import VersionLLMCache
 from agentbolt.server.gateway.swap import WeightSwapGate
 from agentbolt.server.hot_routes import HotRoutes
 from agentbolt.server.middleware import (
@@ -95,6 +96,7 @@ def create_app(
     app.state.store = store
     app.state.backend = backend
     app.state.swap_gate = swap_gate if swap_gate is not None else WeightSwapGate()
+    app.state.version_llms = VersionLLMCache()
     app.state.max_body_bytes = max_body_bytes
     install_error_handlers(app)
 

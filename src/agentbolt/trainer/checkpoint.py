@@ -47,7 +47,7 @@ from pydantic import Field
 
 from agentbolt.config import _Config
 from agentbolt.errors import ConfigError, InvalidTransitionError
-from agentbolt.types import LLM, Metric, RolloutStatus
+from agentbolt.types import Metric, RolloutStatus
 
 if TYPE_CHECKING:
     from agentbolt.store.base import LightningStore
@@ -452,13 +452,8 @@ class RunCheckpointer:
 async def publish_checkpoint(trainer: RLTrainer, path: Path, *, step: int, version: str) -> str:
     """Write the resources version of a checkpoint (an ``llm`` at the gateway; metadata ``purpose: checkpoint``,
     ``train_step``, ``model_version`` and ``checkpoint``, the folder's absolute path); return its id."""
-    llm = LLM(
-        endpoint=trainer.gateway_url,
-        model=trainer.backend.model_name,
-        sampling_parameters={"temperature": trainer.config.temperature, "max_tokens": trainer.config.max_tokens},
-    )
     update = await trainer.store.add_resources(
-        {"llm": llm},
+        {"llm": trainer.llm_resource(trainer.config.temperature)},
         metadata={"purpose": "checkpoint", "train_step": step, "model_version": version, "checkpoint": str(path)},
     )
     return update.resources_id

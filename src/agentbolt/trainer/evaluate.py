@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from agentbolt.adapter.trajectory import is_correct
 from agentbolt.errors import ConfigError, NotFoundError
 from agentbolt.types import LLM, PromptTemplate, RolloutMode
 
@@ -98,7 +99,7 @@ async def serving_version(
             return version, False
         resources[names[0]] = current.model_copy(update={"endpoint": url, "model": model})
     else:
-        resources["llm"] = LLM(endpoint=url, model=model, sampling_parameters=sampling)
+        resources["llm"] = LLM(endpoint=url, model=model, sampling_parameters=sampling, sampling_enforced=True)
     published = await store.add_resources(resources, metadata={"eval_of": version.resources_id})
     return published, True
 
@@ -179,7 +180,7 @@ async def run_eval(
         t_eval = time.perf_counter()
         with progress:
             results = await evaluator(candidate, tasks, mode=mode)
-            progress.update(bar, score=f"accuracy {sum(r.reward >= 1.0 for r in results)}/{len(results)}")
+            progress.update(bar, score=f"accuracy {sum(is_correct(r.reward) for r in results)}/{len(results)}")
         eval_s = time.perf_counter() - t_eval
         rollouts = [await serving.store.get_rollout(r.rollout_id) for r in results if r.rollout_id is not None]
         generation = serving.backend.stats
@@ -197,8 +198,8 @@ async def run_eval(
         "agent": config.agent,
         "tasks": config.tasks,
         "n": len(results),
-        "n_correct": sum(r >= 1.0 for r in rewards),
-        "accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
+        "n_correct": sum(is_correct(r) for r in rewards),
+        "accuracy": sum(is_correct(r) for r in rewards) / len(rewards),
         "mean_reward": _mean(rewards),
         "rollout_status": {
             s: sum(r.status.value == s for r in rollouts) for s in sorted({r.status.value for r in rollouts})

@@ -35,13 +35,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, cast
 
-from agentbolt.adapter import build_trajectory, last_reward
+from agentbolt.adapter import build_trajectory
 from agentbolt.adapter.advantages import VALUE_HEAD_ESTIMATOR, check_estimator_name
 from agentbolt.adapter.agents import compile_agent_match
 from agentbolt.adapter.batch import StalenessSettings, samples_for_step, select_trajectories
 from agentbolt.adapter.credit import build_credit_scheme
 from agentbolt.adapter.samples import TrainingSample
 from agentbolt.adapter.staleness import StalenessReport
+from agentbolt.adapter.trajectory import accuracy_reward, is_correct
 from agentbolt.algorithms.rl.ppo_gae import rollout_gae
 from agentbolt.config import GRPOConfig
 from agentbolt.errors import ConfigError
@@ -339,13 +340,21 @@ class RLTrainer:
         self.backend.set_model_version(self.versions[-1])
         self._sampler_states = {}
 
-    async def publish_resources(self, *, temperature: float, purpose: str) -> str:
-        """Write a resources version pointing at the gateway with the current weights; return its id."""
-        llm = LLM(
+    def llm_resource(self, temperature: float) -> LLM:
+        """The ``llm`` resource of this trainer's versions: the gateway and served model, sampling at
+        ``temperature`` with top_p 1.0 and ``max_tokens``, enforced at the gateway
+        (:mod:`agentbolt.server.gateway.sampling`): the update's logprobs assume these settings whatever the agent
+        passes."""
+        return LLM(
             endpoint=self.gateway_url,
             model=self.backend.model_name,
-            sampling_parameters={"temperature": temperature, "max_tokens": self.config.max_tokens},
+            sampling_parameters={"temperature": temperature, "top_p": 1.0, "max_tokens": self.config.max_tokens},
+            sampling_enforced=True,
         )
+
+    async def publish_resources(self, *, temperature: float, purpose: str) -> str:
+        """Write a resources version pointing at the gateway with the current weights; return its id."""
+        llm = self.llm_resource(temperature)
         version = self.backend.model_version
         metadata: dict[str, Any] = {"model_version": version, "purpose": purpose}
         if version in self.checkpoint_paths:
@@ -407,12 +416,18 @@ class RLTrainer:
         kept = {t.span_id for t in trajectory.transitions}
         return trajectory, [t for t in everything.transitions if t.span_id not in kept]
 
-    async def named_reward(self, rollout: Rollout, name: str) -> float:
-        """Value of the last reward span called ``name`` in the rollout's latest attempt (0.0 if absent)."""
+    async def accuracy_of(self, rollout: Rollout) -> float:
+        """1.0 when the rollout succeeded and its last attempt's accuracy reward is correct, else 0.0.
+
+        The accuracy reward is the reward named ``accuracy_reward_name`` when the attempt recorded one, else its
+        final reward (:func:`agentbolt.adapter.trajectory.accuracy_reward`); correct means at least 1.0
+        (:func:`agentbolt.adapter.trajectory.is_correct`), the rule prompt optimization's evaluation uses too.
+        """
         if rollout.status is not RolloutStatus.SUCCEEDED:
             return 0.0
-        value = last_reward(await self.store.query_spans(rollout.rollout_id), name)
-        return 0.0 if value is None else value
+        spans = await self.store.query_spans(rollout.rollout_id)
+        value = accuracy_reward(spans, self.config.accuracy_reward_name, rollout.final_reward)
+        return 1.0 if is_correct(value) else 0.0
 
     async def evaluate(
         self,
@@ -437,7 +452,7 @@ class RLTrainer:
         )
         by_set: dict[str, list[float]] = {name: [] for name in val_sets}
         for (name, _), rollout in zip(flat, rollouts, strict=True):
-            by_set[name].append(await self.named_reward(rollout, self.config.accuracy_reward_name))
+            by_set[name].append(await self.accuracy_of(rollout))
         accuracy = {name: (statistics.fmean(v) if v else 0.0) for name, v in by_set.items()}
         now = time.time()
         await self.record_metrics(

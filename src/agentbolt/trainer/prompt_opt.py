@@ -180,11 +180,13 @@ def serve_job(config: PromptOptConfig, db_path: Path, console: Console) -> Abstr
 
 
 def agent_llm(config: PromptOptConfig, serving: LocalServing) -> LLM:
-    """The ``llm`` resource the agent gets: the job's gateway and model, with the job's agent sampling settings."""
+    """The ``llm`` resource the agent gets: the job's gateway and model, with the job's agent sampling settings,
+    enforced at the gateway (an agent that passes none is still scored at them)."""
     return LLM(
         endpoint=serving.url,
         model=serving.backend.model_name,
         sampling_parameters={"temperature": config.agent_temperature, "max_tokens": config.agent_max_tokens},
+        sampling_enforced=True,
     )
 
 

@@ -14,7 +14,12 @@ class LLM(BaseModel):
         endpoint: base URL to hand to an OpenAI client (ends in ``/v1``). In the store it is the gateway root; the
             runner hands the agent a copy scoped to its attempt (see :meth:`for_attempt`).
         model: model name to put in requests.
-        sampling_parameters: defaults such as ``temperature`` the agent should use.
+        sampling_parameters: defaults such as ``temperature`` the agent should use; the gateway applies
+            ``temperature``, ``top_p`` and ``max_tokens`` to calls that leave them unset
+            (:mod:`agentbolt.server.gateway.sampling`).
+        sampling_enforced: the gateway applies ``sampling_parameters`` to every call of a rollout under this version,
+            whatever the agent asks (``max_tokens`` only lowered by a smaller request). Train and eval jobs set it:
+            the trainer's logprobs and the evaluation table assume the job's settings.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -23,6 +28,7 @@ class LLM(BaseModel):
     endpoint: str
     model: str
     sampling_parameters: dict[str, Any] = Field(default_factory=dict)
+    sampling_enforced: bool = False
 
     def for_attempt(self, rollout_id: str, attempt_id: str) -> LLM:
         """Return a copy whose endpoint is the gateway URL scoped to one attempt.

@@ -2,8 +2,9 @@
 run by whatever runners serve the store, and its score and trace are read back from the rollout's spans.
 
 Reading one rollout back (:func:`task_result_from_spans`, over the spans of its latest attempt):
-    * **reward**: the last reward span named ``reward_name`` (``None``: the final, unnamed reward; see
-      :func:`~agentbolt.adapter.trajectory.last_reward`); 0.0 when the rollout did not succeed or has none;
+    * **reward**: the last reward span named ``reward_name``, or the final (unnamed) reward when there is none of
+      that name or ``reward_name`` is ``None`` (:func:`~agentbolt.adapter.trajectory.accuracy_reward`); 0.0 when
+      the rollout did not succeed or has none;
     * **messages**: the request messages of the attempt's last gateway LLM call plus the assistant message it
       returned (a tool loop re-sends the whole conversation, so the last call holds it all); the final reply is
       appended by the same rule;
@@ -23,7 +24,7 @@ from typing import Any
 
 from agentbolt import semconv
 from agentbolt.adapter.join import is_gateway_llm_span
-from agentbolt.adapter.trajectory import last_reward
+from agentbolt.adapter.trajectory import accuracy_reward
 from agentbolt.store.base import EnqueueRequest, LightningStore
 from agentbolt.types import Rollout, RolloutConfig, RolloutMode, RolloutStatus, Span
 
@@ -108,7 +109,7 @@ def task_result_from_spans(
     """The :class:`~.types.TaskResult` of one terminal rollout from its latest attempt's spans (rules in the module
     docstring)."""
     succeeded = rollout.status is RolloutStatus.SUCCEEDED
-    value = last_reward(spans, reward_name) if succeeded else None
+    value = accuracy_reward(spans, reward_name, rollout.final_reward) if succeeded else None
     feedback = _last_attribute(spans, semconv.REWARD_FEEDBACK) or _failure_feedback(rollout, spans)
     trace = Trace(messages=conversation(spans), answer=_last_attribute(spans, semconv.REWARD_ANSWER), feedback=feedback)
     return TaskResult(

@@ -66,10 +66,6 @@ class ChatCompletionBody(BaseModel):
     def choice_count(self) -> int:
         return self.n or 1
 
-    @property
-    def token_budget(self) -> int:
-        return self.max_completion_tokens or self.max_tokens or DEFAULT_MAX_TOKENS
-
 
 def backend_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The request's messages as the inference backend gets them: a message without a ``role`` that holds

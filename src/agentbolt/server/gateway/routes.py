@@ -59,10 +59,11 @@ from agentbolt.server.gateway.openai_format import (
     message_body,
 )
 from agentbolt.server.gateway.recording import REASON_NOT_DELIVERED, CallRecorder
+from agentbolt.server.gateway.sampling import Sampling, requested_sampling, resolve_sampling
 from agentbolt.server.gateway.streaming import SessionResponse, StreamSession
 from agentbolt.server.gateway.swap import WeightSwapGate
 from agentbolt.store.base import LightningStore
-from agentbolt.types import TERMINAL_ATTEMPT_STATUSES, TERMINAL_ROLLOUT_STATUSES, Span
+from agentbolt.types import TERMINAL_ATTEMPT_STATUSES, TERMINAL_ROLLOUT_STATUSES, Attempt, Span
 
 logger = logging.getLogger(__name__)
 
@@ -84,14 +85,15 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-async def _check_attempt_open(store: LightningStore, rollout_id: str, attempt_id: str) -> None:
-    """Raises NotFoundError (unknown ids) or ConflictError (the attempt or its rollout is finished)."""
+async def _check_attempt_open(store: LightningStore, rollout_id: str, attempt_id: str) -> Attempt:
+    """The attempt; raises NotFoundError (unknown ids) or ConflictError (the attempt or its rollout is finished)."""
     attempt = await store.get_attempt(rollout_id, attempt_id)
     if attempt.status in TERMINAL_ATTEMPT_STATUSES:
         raise ConflictError(f"attempt {attempt_id} is already {attempt.status.value}; it takes no more LLM calls")
     rollout = await store.get_rollout(rollout_id)
     if rollout.status in TERMINAL_ROLLOUT_STATUSES:
         raise ConflictError(f"rollout {rollout_id} is already {rollout.status.value}; it takes no more LLM calls")
+    return attempt
 
 
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
@@ -105,15 +107,15 @@ def _traceparent(header: str | None) -> tuple[str, str] | None:
     return match.group(1), match.group(2)
 
 
-def _generation_requests(body: ChatCompletionBody) -> list[GenerationRequest]:
+def _generation_requests(body: ChatCompletionBody, sampling: Sampling) -> list[GenerationRequest]:
     messages = backend_messages(body.messages)
     return [
         GenerationRequest(
             messages=messages,
             tools=body.tools or None,
-            max_tokens=body.token_budget,
-            temperature=1.0 if body.temperature is None else body.temperature,
-            top_p=1.0 if body.top_p is None else body.top_p,
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
             seed=None if body.seed is None else body.seed + index,
         )
         for index in range(body.choice_count)
@@ -162,18 +164,24 @@ async def chat_completions(rollout_id: str, attempt_id: str, body: ChatCompletio
     if backend is None:
         return error_response(ErrorInfo(503, "api_error", NO_BACKEND_MESSAGE, "no_backend"))
     try:
-        await _check_attempt_open(store, rollout_id, attempt_id)
+        attempt = await _check_attempt_open(store, rollout_id, attempt_id)
     except AgentboltError as exc:
         return error_response(error_info(exc))
 
-    requests = _generation_requests(body)
+    llm = await request.app.state.version_llms.get(store, attempt.resources_id)
+    sampling = resolve_sampling(requested_sampling(body), llm)
+    requests = _generation_requests(body, sampling)
     attributes: dict[str, Any] = {
         semconv.GEN_AI_REQUEST_MODEL: body.model or backend.model_name,
         semconv.GEN_AI_RESPONSE_MODEL: backend.model_name,
-        semconv.GEN_AI_REQUEST_TEMPERATURE: requests[0].temperature,
+        semconv.GEN_AI_REQUEST_TEMPERATURE: sampling.temperature,
+        semconv.GEN_AI_REQUEST_TOP_P: sampling.top_p,
+        semconv.GEN_AI_REQUEST_MAX_TOKENS: sampling.max_tokens,
         semconv.LLM_REQUEST_MESSAGES: body.messages,
         semconv.LLM_STREAM: bool(body.stream),
     }
+    if sampling.requested:
+        attributes[semconv.LLM_SAMPLING_REQUESTED] = sampling.requested
     if body.tools:
         attributes[semconv.LLM_REQUEST_TOOLS] = body.tools
     agent_name = (request.headers.get(semconv.AGENT_NAME_HEADER) or "").strip()
@@ -284,7 +292,7 @@ async def plain_chat_completions(body: ChatCompletionBody, request: Request) -> 
             await gate.admit()
         except AgentboltError as exc:
             return error_response(error_info(exc))
-    requests = _generation_requests(body)
+    requests = _generation_requests(body, resolve_sampling(requested_sampling(body), None))
     outcomes = await asyncio.gather(*(backend.generate(r) for r in requests), return_exceptions=True)
     failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
     if failed is not None:
