@@ -20,6 +20,7 @@ import asyncio
 import copy
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -134,6 +135,17 @@ def test_sigkill_mid_step_then_resume(tmp_path: Path, smollm2_dir: Path, monkeyp
     try:
         step1 = out / "checkpoints" / "step-1" / "checkpoint.json"
         _wait_for(step1.is_file, 240, proc, "checkpoint step-1")
+        # A second job on the same --out (a resume while the run is alive) is refused before it touches anything.
+        second = subprocess.run(
+            [sys.executable, "-m", "agentbolt.cli.main", "train", str(config_path), "--out", str(out), "--resume"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert f"in use by another agentbolt job (pid {proc.pid}: agentbolt train" in " ".join(second.stderr.split())
         # in the middle of step 2: its rollouts are enqueued and at least one is running
         _wait_for(
             lambda: (
@@ -292,6 +304,25 @@ def test_eval_checkpoint_reproduces_the_after_accuracy(tmp_path: Path, smollm2_d
 
     again = cli("eval", str(config_path), "--checkpoint", str(checkpoint))
     assert again.returncode == 2 and "--overwrite" in again.stdout + again.stderr
+    assert "--resume" not in again.stdout + again.stderr  # eval has no --resume
+
+    # A truncated adapter (a copy cut short) is named by eval, serve and export-model before any model loads, and
+    # leaves no output folder behind.
+    damaged = tmp_path / "damaged" / "step-1"
+    shutil.copytree(checkpoint, damaged)
+    weights = damaged / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:5000])
+    for args in (
+        ("eval", str(config_path), "--checkpoint", str(damaged)),
+        ("serve", "--store", f"sqlite:///{tmp_path / 'serve.db'}", "--adapter", str(damaged)),
+        ("export-model", str(damaged), "--out", str(tmp_path / "exported")),
+    ):
+        refused = cli(*args)
+        text = " ".join((refused.stdout + refused.stderr).split())
+        assert refused.returncode == 2 and f"the LoRA adapter in {damaged} is damaged" in text, text
+        assert "Traceback" not in text
+    assert not (tmp_path / "damaged" / "eval-step-1-val").exists() and not (tmp_path / "exported").exists()
+    assert not list(tmp_path.glob(".tmp-exported-*"))
     wrong = cli("eval", str(config_path), "--resources", "rs-1")
     assert wrong.returncode == 2 and "--checkpoint OUT/checkpoints/step-N" in wrong.stdout + wrong.stderr
 

@@ -139,6 +139,9 @@ async def fill_two_runs(store: SqliteLightningStore, tmp_path: Path) -> dict[str
     await job.evaluate("step-2", 2, (0.5, 0.25))
     step2 = await job.checkpoint(2)
     job.checkpoints.mkdir(parents=True, exist_ok=True)
+    # step 3 ran and was checkpointed, then the user deleted step-3 and resumed from step 2: step 3 runs again
+    await job.step(3, 0.125, _update_stats(stepped=True, trained=4, zero=0, loss=0.5))
+    await job.checkpoint(3, on_disk=False)
 
     resumed = copy.deepcopy(CONFIG)
     resumed["grpo"]["steps"] = 4
@@ -146,7 +149,7 @@ async def fill_two_runs(store: SqliteLightningStore, tmp_path: Path) -> dict[str
     resumed["resume"], resumed["overwrite"] = True, False
     resume_id = await job.start(resumed, 2)
     await job.step(3, 0.75, _update_stats(stepped=False, trained=2, zero=0, loss=0.5))  # inf grad norm
-    await job.checkpoint(3)
+    step3 = await job.checkpoint(3)
     await job.step(4, 1.0, _update_stats(stepped=True, trained=4, zero=0, loss=0.25))
     step4 = await job.checkpoint(4)
     await job.evaluate("after", 4, (0.5, 0.0))
@@ -159,7 +162,7 @@ async def fill_two_runs(store: SqliteLightningStore, tmp_path: Path) -> dict[str
         "run_id": run_id,
         "resume_id": resume_id,
         "other_id": other_id,
-        "paths": {1: step1, 2: step2, 4: step4},
+        "paths": {1: step1, 2: step2, 3: step3, 4: step4},
         "other_ckpt": other_ckpt,
     }
 
@@ -220,6 +223,15 @@ def test_run_view_of_a_resumed_run_with_skipped_updates_and_pruned_checkpoints(t
                 assert checkpoints[2]["state"] == checkpoints[4]["state"] == "on_disk"
                 assert [checkpoints[k]["mean_accuracy"] for k in (1, 2, 3, 4)] == [None, 0.375, None, 0.25]
                 assert [k for k, c in checkpoints.items() if c["best"]] == [2]
+                # step 3 trained twice: the second (resumed) run's figures and checkpoint version are the ones shown
+                assert steps[3]["reward_mean"] == 0.75 and checkpoints[3]["path"] == ids["paths"][3]
+                versions = {u.resources_id: u for u in await store.query_resources()}
+                assert versions[checkpoints[3]["resources_id"]].create_time > versions[run["run_id"]].create_time
+                assert [
+                    u.resources_id
+                    for u in versions.values()
+                    if u.metadata.get("checkpoint") == ids["paths"][3] and u.metadata.get("purpose") == "checkpoint"
+                ][-1] == checkpoints[3]["resources_id"]
                 path = ids["paths"][2]
                 assert shlex.split(checkpoints[2]["serve_command"]) == [
                     "agentbolt", "serve", "--model", MODEL, "--adapter", path,

@@ -61,6 +61,11 @@ def test_the_calc_config_loads_and_overrides_apply() -> None:
         ("agent_match: '('", [], "agent_match"),
         ("resume: true\noverwrite: true", [], "exclude each other"),
         ("report_to: [neptune]", [], "neptune"),
+        ("", [], "is empty; write the job's settings"),
+        ("# only a comment\n", [], "is empty"),
+        ("runner_processes: 0", [], "runner_processes"),
+        ("runner_concurrency: 0", [], "runner_concurrency"),
+        ("max_batch_size: 0", [], "max_batch_size"),
     ],
 )
 def test_bad_configs_are_refused_with_the_field_named(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shlex
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
@@ -22,9 +23,10 @@ console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
 
 
-def _run_job(job: Coroutine[Any, Any, Any]) -> None:
+def _run_job(job: Coroutine[Any, Any, Any], *, on_stop: str | None = None) -> None:
     """Run a long job (``train``, ``demo``) until it ends or SIGINT/SIGTERM arrives; a signal cancels it, so its
-    runners are stopped and its store closed on the way out (everything finished stays in the store), then exit 130."""
+    runners are stopped and its store closed on the way out (everything finished stays in the store), then exit 130.
+    ``on_stop`` is printed after a signal (e.g. the command that resumes the run)."""
 
     async def main() -> None:
         import signal
@@ -37,6 +39,8 @@ def _run_job(job: Coroutine[Any, Any, Any]) -> None:
             await task
         except asyncio.CancelledError:
             console.print("stopped by a signal; the store keeps every rollout and span recorded so far")
+            if on_stop:
+                console.print(on_stop)
             raise typer.Exit(130) from None
 
     asyncio.run(main())
@@ -156,15 +160,18 @@ def _adapter_model(adapter: Path, model: str | None, backend_kind: str | None) -
     """The embedded model to load for ``serve --adapter`` and the weights version to stamp on its calls.
 
     Raises:
-        ConfigError: a remote backend, a folder without an adapter, or ``--model`` other than the checkpoint's.
+        ConfigError: a remote backend, a folder without an adapter or with a damaged one, or ``--model`` other than
+            the checkpoint's.
     """
+    from agentbolt.algorithms.rl.adapter_files import check_adapter_files
     from agentbolt.errors import ConfigError
     from agentbolt.trainer.checkpoint import CHECKPOINT_FILE, read_checkpoint
 
     if backend_kind not in (None, "embedded"):
         raise ConfigError("--adapter needs the embedded backend (it merges the adapter into the weights it serves)")
-    if not (adapter / "adapter_config.json").is_file():
-        raise ConfigError(f"{adapter} holds no LoRA adapter (adapter_config.json); give OUT/checkpoints/step-N")
+    if not adapter.is_dir():
+        raise ConfigError(f"--adapter {adapter}: no such folder; give a checkpoint folder OUT/checkpoints/step-N")
+    check_adapter_files(adapter)  # a damaged adapter fails here, before the model loads
     if not (adapter / CHECKPOINT_FILE).is_file():  # a bare peft adapter folder: the model must be named
         if model is None:
             raise ConfigError(f"{adapter} is not an agentbolt checkpoint; name its base model with --model")
@@ -379,7 +386,11 @@ def train(
                 raise ConfigError(f"{config}: --resume continues an RL run; a prompt-optimization job cannot resume")
             job = validate_settings(TrainConfig, {**job.to_settings(), "resume": True}, config)
         if isinstance(job, TrainConfig):
-            _run_job(run_training(job, console))
+            sets = [arg for item in set_ or [] for arg in ("--set", item)]
+            resume_command = shlex.join(
+                ["agentbolt", "train", str(config), "--out", str(job.out_dir), *sets, "--resume"]
+            )
+            _run_job(run_training(job, console), on_stop=f"continue it from its last checkpoint: {resume_command}")
         else:
             _run_job(run_prompt_optimization(job, console))
     except (AgentboltError, ValidationError) as exc:

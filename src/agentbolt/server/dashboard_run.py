@@ -294,6 +294,13 @@ def _by_step(metrics: Iterable[Metric]) -> dict[int, dict[str, float]]:
     return out
 
 
+def _current_metrics(metrics: Sequence[Metric], segments: Sequence[RunSegment]) -> list[Metric]:
+    """The metrics of the run as it stands: a metric of step ``s`` recorded before the segment that ran ``s``
+    started is superseded (a run resumed from an older checkpoint, after the newest was deleted, runs ``s`` again;
+    the store keeps both records)."""
+    return [m for m in metrics if m.time >= segments[_segment_of(m.train_step, segments)].start_time]
+
+
 def _segment_of(step: int, segments: Sequence[RunSegment]) -> int:
     """The index of the last segment that started before ``step`` (a resume from step k runs k + 1 on)."""
     index = 0
@@ -385,11 +392,13 @@ def _checkpoint_rows(
     versions: Sequence[ResourcesUpdate], validation: ValidationTable, model: str | None
 ) -> list[CheckpointRow]:
     accuracy_at = {row.train_step: row.mean_accuracy for row in validation.rows}
-    found: dict[str, CheckpointRow] = {}  # by path: a resumed run may publish a checkpoint again
+    # By path, the newest version wins: a run resumed from an older checkpoint (the newest was deleted) trains that
+    # step again and publishes the same folder again; the folder now holds the new weights.
+    found: dict[str, CheckpointRow] = {}
     for update in versions:
         meta = update.metadata
         path, step = meta.get("checkpoint"), _int_or_none(meta.get("train_step"))
-        if meta.get("purpose") != CHECKPOINT_PURPOSE or not isinstance(path, str) or step is None or path in found:
+        if meta.get("purpose") != CHECKPOINT_PURPOSE or not isinstance(path, str) or step is None:
             continue
         state = _checkpoint_state(Path(path))
         version = meta.get("model_version")
@@ -446,8 +455,9 @@ def _build_run_view(run: _RunRecords) -> RunView:
                 changed=_changed(segments[-1].config, config) if segments else [],
             )
         )
-    by_step = _by_step(run.metrics)
-    validation = _validation(by_step, run.metrics, run.versions)
+    metrics = _current_metrics(run.metrics, segments)
+    by_step = _by_step(metrics)
+    validation = _validation(by_step, metrics, run.versions)
     return RunView(
         **summary.model_dump(),
         config=segments[-1].config,

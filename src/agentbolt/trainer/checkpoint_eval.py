@@ -32,6 +32,7 @@ from agentbolt.errors import ConfigError
 
 if TYPE_CHECKING:
     from agentbolt.inference.embedded import EmbeddedBackend
+    from agentbolt.trainer.checkpoint import CheckpointInfo
     from agentbolt.trainer.job_config import TrainConfig
 
 EVAL_FILE = "eval.json"
@@ -80,24 +81,43 @@ async def run_checkpoint_eval(
         ConfigError: not a complete checkpoint, another model than the config's, a bad split, or an output folder
             whose store exists without ``overwrite``; all before the model loads.
     """
-    from agentbolt.algorithms.rl.weight_sync import apply_adapter
+    from agentbolt.algorithms.rl.adapter_files import check_adapter_files
     from agentbolt.runner.processes import load_agent
     from agentbolt.trainer.checkpoint import read_checkpoint
-    from agentbolt.trainer.local import fresh_db_path, local_serving, serving_options
-    from agentbolt.trainer.loop import RLTrainer
+    from agentbolt.trainer.out_lock import hold_out_dir
 
     console = console or Console()
-    t_start = time.perf_counter()
     info = read_checkpoint(checkpoint)
     if info.model != config.model:
         raise ConfigError(
             f"{info.path} was trained from model {info.model!r}, but the config serves {config.model!r}; pass "
             f"--set model={info.model}"
         )
+    check_adapter_files(info.path)  # a damaged adapter fails here, before a folder is made or the model loads
     sets = checkpoint_split_sets(config, split)
     load_agent(config.agent)
     out = out_dir if out_dir is not None else info.path.parent.parent / f"eval-{info.path.name}-{split}"
-    db_path = fresh_db_path(out, overwrite=overwrite)
+    with hold_out_dir(out, command=f"agentbolt eval --checkpoint {info.path}"):
+        return await _evaluate(config, info, sets, out, split=split, overwrite=overwrite, console=console)
+
+
+async def _evaluate(
+    config: TrainConfig,
+    info: CheckpointInfo,
+    sets: dict[str, list[dict[str, Any]]],
+    out: Path,
+    *,
+    split: str,
+    overwrite: bool,
+    console: Console,
+) -> dict[str, Any]:
+    """:func:`run_checkpoint_eval` once the checkpoint is checked and ``out`` is this job's."""
+    from agentbolt.algorithms.rl.weight_sync import apply_adapter
+    from agentbolt.trainer.local import fresh_db_path, local_serving, serving_options
+    from agentbolt.trainer.loop import RLTrainer
+
+    t_start = time.perf_counter()
+    db_path = fresh_db_path(out, overwrite=overwrite, resumable=False)
     grpo = config.grpo
 
     def merge_adapter(backend: EmbeddedBackend) -> None:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import stat
 import tempfile
@@ -43,8 +44,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
+from agentbolt.algorithms.rl.adapter_files import check_adapter_files
 from agentbolt.errors import ConfigError
-from agentbolt.trainer.checkpoint import CHECKPOINT_FILE, FORMAT_VERSION
+from agentbolt.trainer.checkpoint import read_checkpoint
 
 if TYPE_CHECKING:
     import numpy as np
@@ -65,8 +67,8 @@ EXPORT_INFO_FILE: Final = "agentbolt-export.json"
 """Provenance of an exported folder: ``{"checkpoint", "model", "base_model_dir", "merged_tensors", "gguf",
 "gguf_dtype", "created_at"}``."""
 
-ADAPTER_FILES: Final = ("adapter_config.json", "adapter_model.safetensors")
-"""The LoRA adapter in peft's format, inside a checkpoint folder."""
+_TMP_PREFIX: Final = ".tmp-"
+"""Prefix of the work folder beside ``--out`` (``.tmp-NAME-PID-RANDOM``), renamed to ``--out`` when complete."""
 
 _SUPPORTED_GGUF_ARCHS: Final = ("llama", "qwen2")
 """GGUF architectures whose tensor layout is handled (the embedded models')."""
@@ -157,7 +159,8 @@ def export_merged_model(
         )
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
+    _remove_dead_work_folders(out)
+    work = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{out.name}-{os.getpid()}-", dir=out.parent))
     try:
         staged = work / "model"
         staged.mkdir()
@@ -215,35 +218,16 @@ def _make_readable(folder: Path) -> None:
 
 
 def _read_checkpoint(checkpoint: Path) -> tuple[str, Path]:
-    """``(model, base_model_dir)`` of a complete checkpoint folder; the base directory is checked to exist.
+    """``(model, base_model_dir)`` of a complete checkpoint folder (``read_checkpoint``) with a whole adapter
+    (``check_adapter_files``); the base directory is checked to exist.
 
     When the recorded base directory is gone (the checkpoint was copied to another machine, or the cache cleared),
     an embedded model is prepared again (the same conversion, so the same weights) and a model directory named by
     ``model`` is used if it exists.
     """
-    if not checkpoint.is_dir():
-        raise ConfigError(f"{checkpoint} is not a folder; pass a checkpoint folder such as OUT/checkpoints/step-N")
-    info_path = checkpoint / CHECKPOINT_FILE
-    if not info_path.is_file():
-        raise ConfigError(
-            f"{checkpoint} is not a complete checkpoint: it has no {CHECKPOINT_FILE} (a checkpoint cut short, or not "
-            "a checkpoint folder); pass a step-N folder under OUT/checkpoints written by agentbolt train"
-        )
-    missing = [name for name in ADAPTER_FILES if not (checkpoint / name).is_file()]
-    if missing:
-        raise ConfigError(f"{checkpoint} has no LoRA adapter ({', '.join(missing)} missing); it cannot be exported")
-    try:
-        info = json.loads(info_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read {info_path}: {exc}") from None
-    if isinstance(info, dict) and isinstance(info.get("format"), int) and info["format"] > FORMAT_VERSION:
-        raise ConfigError(
-            f"{info_path} has format {info['format']}, newer than this agentbolt reads; upgrade agentbolt"
-        )
-    model = info.get("model") if isinstance(info, dict) else None
-    recorded = info.get("base_model_dir") if isinstance(info, dict) else None
-    if not isinstance(model, str) or not isinstance(recorded, str):
-        raise ConfigError(f"{info_path} lacks the string fields 'model' and 'base_model_dir'; is it a checkpoint?")
+    info = read_checkpoint(checkpoint)
+    check_adapter_files(checkpoint)
+    model, recorded = info.model, info.base_model_dir
     base_dir = Path(recorded).expanduser()
     if (base_dir / "config.json").is_file():
         return model, base_dir.resolve()
@@ -260,6 +244,29 @@ def _read_checkpoint(checkpoint: Path) -> tuple[str, Path]:
         f"the base model of {checkpoint} is gone: neither {recorded} nor {model} is a model directory; put the "
         f"model that was trained back at {recorded}"
     )
+
+
+def _remove_dead_work_folders(out: Path) -> list[Path]:
+    """Delete the temporary folders that exports into ``out`` killed before they finished left beside it
+    (``.tmp-NAME-PID-*`` whose process is gone); return them."""
+    removed = []
+    for folder in out.parent.glob(f"{_TMP_PREFIX}{out.name}-*"):
+        pid = folder.name[len(f"{_TMP_PREFIX}{out.name}-") :].split("-", 1)[0]
+        if folder.is_dir() and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (this user's or another's)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _check_out_dir(out: Path, *, overwrite: bool, sources: tuple[Path, ...]) -> None:

@@ -103,7 +103,8 @@ def _check_resume(config: TrainConfig) -> tuple[Path, CheckpointInfo | None]:
     so it restarts at step 1 on the same store); partial checkpoint folders are deleted.
 
     Raises:
-        ConfigError: ``out_dir`` holds no store (nothing to resume), or the checkpoint was trained from another model.
+        ConfigError: ``out_dir`` holds no store (nothing to resume), the checkpoint was trained from another model, or
+            the run is finished (its last step is checkpointed and evaluated: only more steps would continue it).
     """
     from agentbolt.trainer.checkpoint import latest_checkpoint, remove_partial
 
@@ -116,6 +117,13 @@ def _check_resume(config: TrainConfig) -> tuple[Path, CheckpointInfo | None]:
         raise ConfigError(
             f"{info.path} was trained from model {info.model!r}, not {config.model!r}; resume with --set "
             f"model={info.model} or start a new run in another --out"
+        )
+    finished = info is not None and info.step >= config.grpo.steps
+    if info is not None and finished and ("val_after" in info.job or not config.eval_after or config.val_size == 0):
+        raise ConfigError(
+            f"the run in {config.out_dir} is finished: {info.path.name} is its last step (grpo.steps="
+            f"{config.grpo.steps}) and its summary is written; to train it further resume with --set "
+            f"grpo.steps={info.step + config.grpo.steps}, or score it with agentbolt eval"
         )
     return db_path, info
 
@@ -140,6 +148,34 @@ async def run_training(
     t_start = time.perf_counter()
     from agentbolt.inference.model_files import get_model_spec
     from agentbolt.runner.processes import load_agent
+    from agentbolt.trainer.out_lock import hold_out_dir
+
+    # The config's names (estimator, credit, algorithm, torch trainer fields) were checked when it was parsed; what
+    # needs the machine is checked here, before anything is written.
+    if not Path(config.model).is_dir():
+        get_model_spec(config.model)  # an unknown name fails here, before anything is written
+    check_device(config.device)
+    tasks: tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]] | None]
+    if seams.tasks is not None:
+        tasks = seams.tasks
+    else:
+        tasks_mod = load_tasks_module(config.tasks)
+        tasks = (tasks_mod.load_train_tasks(size=config.train_size), None)
+    load_agent(config.agent)  # an agent that does not import fails here, before --overwrite removes a store
+    command = "agentbolt train" + (" --resume" if config.resume else "")
+    with hold_out_dir(config.out_dir, command=command, create=not config.resume):
+        return await _run_job(config, console, seams, tasks, t_start)
+
+
+async def _run_job(
+    config: TrainConfig,
+    console: Console,
+    seams: JobSeams,
+    tasks: tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]] | None],
+    t_start: float,
+) -> dict[str, Any]:
+    """:func:`run_training` once the config is checked and ``out_dir`` is this job's: ``tasks`` holds the training
+    tasks and the validation sets (``None``: the config's tasks module loads them)."""
     from agentbolt.trainer.checkpoint import (
         RunCheckpointer,
         cancel_unfinished,
@@ -149,19 +185,7 @@ async def run_training(
     from agentbolt.trainer.local import fresh_db_path, local_training, resolve_model, serving_options
     from agentbolt.trainer.trackers import open_trackers
 
-    # The config's names (estimator, credit, algorithm, torch trainer fields) were checked when it was parsed; what
-    # needs the machine is checked here, before anything is written.
-    if not Path(config.model).is_dir():
-        get_model_spec(config.model)  # an unknown name fails here, before anything is written
-    check_device(config.device)
-    tasks_mod: Any = None
-    if seams.tasks is not None:
-        train_tasks, all_val_sets = seams.tasks
-    else:
-        tasks_mod = load_tasks_module(config.tasks)
-        train_tasks = tasks_mod.load_train_tasks(size=config.train_size)
-        all_val_sets = None
-    load_agent(config.agent)  # an agent that does not import fails here, before --overwrite removes a store
+    train_tasks, all_val_sets = tasks
     resume_info: CheckpointInfo | None = None
     if config.resume:
         db_path, resume_info = _check_resume(config)
@@ -171,10 +195,15 @@ async def run_training(
     evaluating = config.val_size != 0 and (config.eval_before or config.eval_after or config.eval_every)
     val_sets: dict[str, list[dict[str, Any]]] = {}
     if evaluating:
-        val_sets = all_val_sets if all_val_sets is not None else tasks_mod.load_val_sets(n_per_set=config.val_size)
+        val_sets = (
+            all_val_sets
+            if all_val_sets is not None
+            else load_tasks_module(config.tasks).load_val_sets(n_per_set=config.val_size)
+        )
     grpo = config.grpo
     console.print(
-        f"[bold]agentbolt train[/]: model={config.model} steps={grpo.steps} tasks/step={grpo.tasks_per_step} "
+        f"[bold]agentbolt train[/]: model={config.model} steps={grpo.steps} "
+        f"tasks/step={min(grpo.tasks_per_step, len(train_tasks))} "
         f"group={grpo.group_size} estimator={grpo.advantage_estimator} credit={grpo.credit_assignment} "
         f"async_rollouts={grpo.async_rollouts} val={ {k: len(v) for k, v in val_sets.items()} }"
     )
@@ -208,6 +237,12 @@ async def run_training(
             # the run goes on past the step that was evaluated last: that result becomes a mid-run evaluation
             job.setdefault("val_during", {})[str(resume_info.step)] = job.pop("val_after")
     first_step = 1 if resume_info is None else resume_info.step + 1
+    wall_before = float(job.pop("wall_s", 0.0))  # the wall time of the stopped runs, up to their last checkpoint
+
+    def job_state() -> dict[str, Any]:
+        state = json.loads(json.dumps(job))
+        state["wall_s"] = wall_before + time.perf_counter() - t_start
+        return state
 
     async with (
         contextlib.AsyncExitStack() as stack,
@@ -275,7 +310,7 @@ async def run_training(
             base_model_dir=resolve_model(config.model),
             config_yaml=dump_config_yaml(config),
             last_step=grpo.steps,
-            job_state=lambda: json.loads(json.dumps(job)),
+            job_state=job_state,
             evaluate=evaluate_at if val_sets and config.eval_every else None,
             eval_every=config.eval_every,
         )
@@ -334,7 +369,8 @@ async def run_training(
         model_setup_s = local.model_setup_s
 
     summary = build_summary(config, job, n_rollouts=n_rollouts, generation=counters)
-    summary["wall_seconds"] = time.perf_counter() - t_start
+    summary["wall_seconds"] = time.perf_counter() - t_start  # this process
+    summary["wall_seconds_total"] = wall_before + summary["wall_seconds"]  # with the stopped runs' time, if resumed
     summary["resumed_from_step"] = None if resume_info is None else resume_info.step
     summary["timing_s"]["model_setup"] = model_setup_s
     summary["weight_swaps"] = None if gate is None else dataclasses.asdict(gate.stats)
@@ -419,8 +455,13 @@ def _print_next_steps(console: Console, config: TrainConfig, summary: dict[str, 
     chosen = best_checkpoint(found) or found[-1]
     model = shlex.quote(config.model)
     console.print("next:")
-    console.print(f"  agentbolt serve --model {model} --adapter {shlex.quote(str(chosen.path))}   # serve it")
-    console.print(f"  agentbolt export-model {shlex.quote(str(chosen.path))} --out {shlex.quote(str(out / 'model'))}")
+    checkpoint = shlex.quote(str(chosen.path))
+    console.print(f"  agentbolt serve --model {model} --adapter {checkpoint}   # serve it")
+    with contextlib.suppress(ConfigError):
+        split = "test" if hasattr(load_tasks_module(config.tasks), "load_test_tasks") else "val"
+        config_yaml = shlex.quote(str(chosen.path / "config.yaml"))
+        console.print(f"  agentbolt eval {config_yaml} --checkpoint {checkpoint} --split {split}   # score it")
+    console.print(f"  agentbolt export-model {checkpoint} --out {shlex.quote(str(out / 'model'))}")
     console.print(f"  agentbolt serve --store {shlex.quote(str(out / 'store.db'))}   # dashboard of this run")
 
 
@@ -442,4 +483,9 @@ def _print_summary(console: Console, summary: dict[str, Any]) -> None:
         f"train reward per step: {[round(r, 3) for r in summary['train_reward']]}  "
         f"rollouts: {summary['n_rollouts']}  transitions: {summary['n_transitions']}  "
         f"wall: {summary['wall_seconds']:.0f}s"
+        + (
+            f" ({summary['wall_seconds_total']:.0f}s with the run it resumed)"
+            if summary.get("resumed_from_step") is not None
+            else ""
+        )
     )

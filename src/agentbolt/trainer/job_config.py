@@ -75,9 +75,9 @@ class TrainConfig(_Config):
     eval_after: bool = True
     torch_trainer: TorchTrainerConfig = Field(default_factory=TorchTrainerConfig)
     learning_rate: float = Field(default=2e-4, gt=0)
-    runner_processes: int = 2
-    runner_concurrency: int = 8
-    max_batch_size: int = 16
+    runner_processes: int = Field(default=2, ge=1)
+    runner_concurrency: int = Field(default=8, ge=1)
+    max_batch_size: int = Field(default=16, ge=1)
     batch_wait_s: float = Field(default=0.25, ge=0)
     overwrite: bool = False
     agent: str = DEFAULT_AGENT
@@ -192,8 +192,9 @@ def read_settings(path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
         overrides: ``dotted.key=value`` strings; each value is read as YAML (``3``, ``0.5``, ``true``, ``rloo``).
 
     Raises:
-        ConfigError: the file is missing, unreadable (a directory) or not a YAML mapping, or an override has no ``=``,
-            a value that is not valid YAML, or goes through a value that is not a section.
+        ConfigError: the file is missing, unreadable (a directory), empty (without overrides) or not a YAML mapping,
+            or an override has no ``=``, a value that is not valid YAML, or goes through a value that is not a
+            section.
     """
     import yaml
 
@@ -207,6 +208,11 @@ def read_settings(path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
     if data is None:
+        if not overrides:  # an empty file would run the whole default job (the calc example), which nobody asked for
+            raise ConfigError(
+                f"{path} is empty; write the job's settings in it (at least model, agent and tasks; see "
+                "examples/calc_agent/config.yaml), or use 'agentbolt demo'"
+            )
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping of settings (key: value), got {type(data).__name__}")

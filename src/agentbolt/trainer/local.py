@@ -104,14 +104,19 @@ def resolve_model(model: str | Path) -> Path:
     return prepare_model(str(model))
 
 
-def fresh_db_path(out_dir: Path, *, overwrite: bool) -> Path:
+def fresh_db_path(out_dir: Path, *, overwrite: bool, resumable: bool = True) -> Path:
     """``out_dir/store.db``, creating ``out_dir``. With ``overwrite`` an existing store (and its WAL files) and the
     run's checkpoints (``out_dir/checkpoints``) are deleted. A store that holds no rollout (a run that stopped before
     its first rollout) is replaced without ``overwrite``: it blocks nothing.
 
+    Args:
+        out_dir: the job's output directory.
+        overwrite: replace what is there.
+        resumable: the job can continue a stopped run (``train``): the refusal names ``--resume`` too.
+
     Raises:
         ConfigError: the store holds rollouts, or checkpoints exist, and ``overwrite`` is false (the message names
-            ``--resume`` and ``--overwrite``), or ``out_dir`` is a file or cannot be created.
+            ``--overwrite``, and ``--resume`` for a resumable job), or ``out_dir`` is a file or cannot be created.
     """
     import shutil
 
@@ -128,10 +133,8 @@ def fresh_db_path(out_dir: Path, *, overwrite: bool) -> Path:
     if (db.exists() and not _holds_no_rollout(db)) or checkpoints.exists():
         if not overwrite:
             what = db if db.exists() else checkpoints
-            raise ConfigError(
-                f"{what} already exists; pass --resume to continue that run, --overwrite to replace it, or choose "
-                "another --out"
-            )
+            resume = "pass --resume to continue that run, " if resumable else "pass "
+            raise ConfigError(f"{what} already exists; {resume}--overwrite to replace it, or choose another --out")
         shutil.rmtree(checkpoints, ignore_errors=True)
     for suffix in ("", "-wal", "-shm"):
         Path(f"{db}{suffix}").unlink(missing_ok=True)

@@ -43,6 +43,7 @@ from agentbolt.errors import ConfigError
 from agentbolt.types import LLM
 
 if TYPE_CHECKING:
+    from agentbolt.algorithms.apo.templates import TemplateSet
     from agentbolt.trainer.local import LocalServing
 
 DEFAULT_PROMPT_AGENT = "examples.room_agent.agent:room_agent"
@@ -253,19 +254,35 @@ async def run_prompt_optimization(config: PromptOptConfig, console: Console | No
         ConfigError: bad settings (unknown model, tasks module or agent that does not import, no seed prompt, no
             training or validation tasks, an existing store without ``overwrite``), all before anything is written.
     """
+    from agentbolt.algorithms.apo.templates import load_templates
+    from agentbolt.trainer.out_lock import hold_out_dir
+
+    console = console or Console()
+    t_start = time.perf_counter()
+    inputs = check_job_inputs(config)
+    settings = config.apo if config.algorithm == "apo" else config.gepa
+    templates = load_templates(settings.templates)  # a bad override fails here, before anything is written
+    with hold_out_dir(config.out_dir, command=f"agentbolt train ({config.algorithm})"):
+        return await _optimize(config, console, inputs, templates, t_start)
+
+
+async def _optimize(
+    config: PromptOptConfig,
+    console: Console,
+    inputs: tuple[dict[str, str], list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]],
+    templates: TemplateSet,
+    t_start: float,
+) -> dict[str, Any]:
+    """:func:`run_prompt_optimization` once the inputs are checked and ``out_dir`` is this job's."""
     from agentbolt.algorithms.apo import StoreEvaluator, build_optimizer_llm, optimize_apo, optimize_gepa
     from agentbolt.algorithms.apo.candidates import ProgressEvent
-    from agentbolt.algorithms.apo.templates import load_templates
     from agentbolt.algorithms.apo.types import Candidate, TaskResult
     from agentbolt.trainer.local import fresh_db_path
     from agentbolt.types import RolloutConfig, RolloutMode
 
-    console = console or Console()
-    t_start = time.perf_counter()
-    seed_prompts, train_tasks, val_tasks, test_tasks = check_job_inputs(config)
+    seed_prompts, train_tasks, val_tasks, test_tasks = inputs
     settings = config.apo if config.algorithm == "apo" else config.gepa
-    templates = load_templates(settings.templates)  # a bad override fails here, before anything is written
-    db_path = fresh_db_path(config.out_dir, overwrite=config.overwrite)
+    db_path = fresh_db_path(config.out_dir, overwrite=config.overwrite, resumable=False)
     rounds = config.apo.rounds if config.algorithm == "apo" else config.gepa.max_iterations
     console.print(
         f"[bold]agentbolt train[/]: algorithm={config.algorithm} model={config.model} prompts={sorted(seed_prompts)} "

@@ -71,17 +71,18 @@ def apply_adapter(serving_model: torch.nn.Module, adapter_dir: str | Path) -> in
     ``serving_model`` must hold the base weights the adapter was trained from (the bf16 model, not already merged).
 
     Raises:
-        ConfigError: the folder has no adapter, or it does not fit the model (another architecture).
+        ConfigError: the folder has no adapter, a damaged one, or one that does not fit the model (another
+            architecture).
     """
     import copy
 
     from peft import PeftModel
 
+    from agentbolt.algorithms.rl.adapter_files import check_adapter_files
     from agentbolt.errors import ConfigError
 
     folder = Path(adapter_dir)
-    if not (folder / "adapter_config.json").is_file():
-        raise ConfigError(f"{folder} holds no LoRA adapter (adapter_config.json); give OUT/checkpoints/step-N")
+    check_adapter_files(folder)
     try:
         peft_model = PeftModel.from_pretrained(copy.deepcopy(serving_model), str(folder))
         return load_weights(serving_model, merged_lora_weights(peft_model))

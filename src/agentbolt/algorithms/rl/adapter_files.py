@@ -1,0 +1,49 @@
+"""The files of a saved LoRA adapter (peft's format), checked before anything loads them.
+
+Torch-free, so a command can refuse a damaged checkpoint before it loads a model or writes an output folder.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Final
+
+from agentbolt.errors import ConfigError
+
+ADAPTER_CONFIG: Final = "adapter_config.json"
+ADAPTER_WEIGHTS: Final = "adapter_model.safetensors"
+ADAPTER_FILES: Final = (ADAPTER_CONFIG, ADAPTER_WEIGHTS)
+"""What ``PeftModel.save_pretrained`` writes for a LoRA adapter (safetensors serialization)."""
+
+
+def check_adapter_files(folder: Path | str) -> None:
+    """Check that ``folder`` holds a complete LoRA adapter: both of :data:`ADAPTER_FILES`, a config that is a JSON
+    object, and a safetensors file whose header is whole and whose tensors cover the file (``safetensors.safe_open``
+    reads the header and checks the offsets; no tensor is loaded).
+
+    Raises:
+        ConfigError: a file is missing (the message says to give ``OUT/checkpoints/step-N``), or a file is damaged,
+            e.g. cut short by a full disk or a copy that stopped (the message says to use another checkpoint).
+    """
+    from safetensors import SafetensorError, safe_open
+
+    where = Path(folder)
+    missing = [name for name in ADAPTER_FILES if not (where / name).is_file()]
+    if missing:
+        raise ConfigError(
+            f"{where} holds no LoRA adapter ({', '.join(missing)} missing); give a checkpoint folder "
+            "OUT/checkpoints/step-N written by agentbolt train"
+        )
+    try:
+        config = json.loads((where / ADAPTER_CONFIG).read_text())
+        if not isinstance(config, dict):
+            raise ValueError("not a JSON object")
+        with safe_open(str(where / ADAPTER_WEIGHTS), framework="numpy") as weights:
+            if not list(weights.keys()):
+                raise ValueError("no tensor")
+    except (OSError, ValueError, SafetensorError) as exc:
+        raise ConfigError(
+            f"the LoRA adapter in {where} is damaged ({str(exc).splitlines()[0][:200]}); use another checkpoint "
+            "(the one before it), or train again"
+        ) from None
