@@ -134,3 +134,22 @@ def test_the_sampler_position_survives_a_resume() -> None:
     assert resumed.versions == ["base", "step-1"] and resumed.backend.model_version == "step-1"
     assert resumed.last_train_step == 1
     assert random.Random(7).sample(tasks, 3) != expected[0]  # the state moved on from the seed
+
+
+def test_export_removes_only_the_work_folders_of_dead_exports(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from agentbolt.trainer.export_model import _remove_dead_work_folders
+
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(finished.stdout)  # that process has exited
+    out = tmp_path / "model"
+    dead = tmp_path / f".tmp-model-{dead_pid}-abc"
+    live = tmp_path / f".tmp-model-{os.getpid()}-def"  # an export running now (this process)
+    other = tmp_path / f".tmp-other-{dead_pid}-ghi"  # another --out's
+    for folder in (dead, live, other):
+        (folder / "model").mkdir(parents=True)
+    assert _remove_dead_work_folders(out) == [dead]
+    assert not dead.exists() and live.is_dir() and other.is_dir()
