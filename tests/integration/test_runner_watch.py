@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from agentbolt.errors import BackendError
-from agentbolt.trainer.local import local_serving
+from agentbolt.trainer.local import LocalMachine, local_serving
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,13 +26,10 @@ def test_a_killed_runner_pool_cancels_the_job_with_backend_error(
     waited: list[float] = []
 
     async def job() -> None:
-        async with local_serving(
-            model=smollm2_dir,
-            db_path=tmp_path / "store.db",
-            agent="examples.room_agent.agent:room_agent",
-            runner_processes=1,
-            runner_concurrency=1,
-        ):
+        machine = LocalMachine(
+            model=smollm2_dir, agent="examples.room_agent.agent:room_agent", runner_processes=1, runner_concurrency=1
+        )
+        async with local_serving(machine, db_path=tmp_path / "store.db"):
             runners = [p for p in multiprocessing.active_children() if p.name == "agentbolt-runner-0"]
             assert len(runners) == 1 and runners[0].pid is not None
             os.kill(runners[0].pid, signal.SIGKILL)

@@ -236,21 +236,14 @@ def _masked_runs(sample: TrainingSample) -> list[list[int]]:
 
 @pytest.mark.slow
 def test_training_step_batches_only_the_writers_calls(tmp_path: Path, smollm2_dir: Path) -> None:
-    from agentbolt.trainer.local import local_training
+    from agentbolt.trainer.local import LocalMachine, local_training
 
     tasks = [TASKS["easy-01"].model_dump(mode="json"), TASKS["easy-05"].model_dump(mode="json")]
     grpo = GRPOConfig(steps=1, tasks_per_step=2, group_size=2, max_tokens=24)
 
     async def scenario() -> tuple[StepResult, RecordingUpdater, list[Rollout], dict[str, list[Span]], dict[str, float]]:
-        async with local_training(
-            model=smollm2_dir,
-            db_path=tmp_path / "store.db",
-            agent=train.AGENT_REFERENCE,
-            grpo=grpo,
-            runner_processes=1,
-            runner_concurrency=4,
-            agent_match="writer",
-        ) as local:
+        machine = LocalMachine(model=smollm2_dir, agent=train.AGENT_REFERENCE, runner_processes=1, runner_concurrency=4)
+        async with local_training(machine, db_path=tmp_path / "store.db", grpo=grpo, agent_match="writer") as local:
             recorder = RecordingUpdater(local.trainer.updater)
             local.trainer.updater = recorder
             result = await local.trainer.train_step(1, tasks)

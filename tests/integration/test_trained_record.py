@@ -45,7 +45,7 @@ class RecordingUpdater:
 
 
 def test_dashboard_and_export_show_the_advantages_the_update_used(tmp_path: Path, smollm2_dir: Path) -> None:
-    from agentbolt.trainer.local import local_training
+    from agentbolt.trainer.local import LocalMachine, local_training
 
     grpo = GRPOConfig(
         steps=1,
@@ -59,9 +59,8 @@ def test_dashboard_and_export_show_the_advantages_the_update_used(tmp_path: Path
     db = tmp_path / "store.db"
 
     async def scenario() -> tuple[StepResult, RecordingUpdater, dict[str, list[dict[str, Any]]]]:
-        async with local_training(
-            model=smollm2_dir, db_path=db, agent=AGENT, grpo=grpo, runner_processes=1, runner_concurrency=4
-        ) as local:
+        machine = LocalMachine(model=smollm2_dir, agent=AGENT, runner_processes=1, runner_concurrency=4)
+        async with local_training(machine, db_path=db, grpo=grpo) as local:
             recorder = RecordingUpdater(local.trainer.updater)
             local.trainer.updater = recorder
             result = await local.trainer.train_step(1, TASKS)

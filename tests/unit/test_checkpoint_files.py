@@ -153,3 +153,12 @@ def test_export_removes_only_the_work_folders_of_dead_exports(tmp_path: Path) ->
         (folder / "model").mkdir(parents=True)
     assert _remove_dead_work_folders(out) == [dead]
     assert not dead.exists() and live.is_dir() and other.is_dir()
+
+
+def test_short_reason_keeps_the_first_line_and_counts_the_rest() -> None:
+    from agentbolt.algorithms.rl.adapter_files import short_reason
+
+    many = RuntimeError("Error(s) in loading state_dict:\n" + "\n".join(f"\tsize mismatch {i}" for i in range(400)))
+    assert short_reason(many) == "Error(s) in loading state_dict: ... and 400 more lines"
+    assert short_reason(ValueError("x" * 300)) == "x" * 197 + "..."
+    assert short_reason(KeyError()) == "KeyError"

@@ -11,8 +11,8 @@ Two sources (column ``advantage_source``):
   logprobs are read from the recorded LLM spans.
 - ``recomputed``: rollouts without a record (val/test rollouts, stores written before the trainer recorded its
   batches) are split into the trainer's step batches (by ``mode`` and ``metadata["train_step"]``), and each batch goes
-  through :func:`~agentbolt.adapter.batch.select_trajectories` and :func:`~agentbolt.adapter.batch.samples_for_step`
-  (the given credit scheme, advantage estimator per ``(task_id, resources_id)`` group, merging).
+  through the trainer's own batch step (:meth:`~agentbolt.adapter.lightning_rl.LightningRL.batch`: the given credit
+  scheme, advantage estimator per ``(task_id, resources_id)`` group, merging).
 
 Columns (:data:`RL_COLUMNS`):
 ``prompt_token_ids`` are the sample's tokens before its first trained token, ``response_token_ids`` the rest;
@@ -37,10 +37,11 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from agentbolt.adapter import build_trajectory
-from agentbolt.adapter.advantages import VALUE_HEAD_ESTIMATOR, check_estimator_name
-from agentbolt.adapter.batch import TrajectorySelection, samples_for_step, select_trajectories
-from agentbolt.adapter.credit import build_credit_scheme
+from agentbolt.adapter.advantages import VALUE_HEAD_ESTIMATOR
+from agentbolt.adapter.batch import TrajectorySelection, select_trajectories
+from agentbolt.adapter.lightning_rl import LightningRL
 from agentbolt.adapter.samples import TrainingSample
+from agentbolt.config import GRPOConfig
 from agentbolt.errors import AgentboltError, ConfigError
 from agentbolt.types import Attempt, Rollout, RolloutMode, Span, TrainedSample, Trajectory
 
@@ -262,13 +263,17 @@ def rl_rows(
         ConfigError: an unknown credit scheme or estimator, or ``gae`` (it needs the trainer's value head).
         AgentboltError: a record does not match its attempt's spans.
     """
-    credit = build_credit_scheme(credit_assignment)
-    check_estimator_name(advantage_estimator)
     if advantage_estimator == VALUE_HEAD_ESTIMATOR:
         raise ConfigError(
             "advantage estimator gae needs the trainer's value head, which an export does not have; export with a "
             "group estimator such as grpo, rloo or reinforce_pp"
         )
+    algorithm = LightningRL(
+        GRPOConfig(
+            credit_assignment=credit_assignment, advantage_estimator=advantage_estimator, merge_samples=merge_samples
+        ),
+        agent_match=agent_match,
+    )
     skipped: dict[str, int] = {}
     kept: list[FinishedRollout] = []
     for item in finished:
@@ -306,15 +311,12 @@ def rl_rows(
     if left_out:
         count(select_trajectories([(i.rollout, i.attempt, i.spans) for i in left_out]), not_in_batch=True)
     for (mode, train_step), items in batches.items():
-        selection = select_trajectories([(i.rollout, i.attempt, i.spans) for i in items], agent_match=agent_match)
-        count(selection)
-        step = samples_for_step(
-            selection.trajectories, credit=credit, estimator=advantage_estimator, merge=merge_samples
-        )
+        batch = algorithm.batch([(i.rollout, i.attempt, i.spans) for i in items], versions=[])
+        count(batch.selection)
         rows.extend(
             rows_of_samples(
-                selection.trajectories,
-                step.batch.samples,
+                batch.trajectories,
+                batch.samples,
                 mode=RolloutMode(mode),
                 train_step=train_step,
                 advantage_estimator=advantage_estimator,

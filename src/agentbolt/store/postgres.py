@@ -582,15 +582,7 @@ class PostgresLightningStore:
         self, *, rollout_id: str | None = None, train_step: int | None = None
     ) -> list[TrainedSample]:
         """Recorded trained samples matching the filters, by ``train_step`` then ``sample_index``."""
-        where: list[str] = []
-        params: list[Any] = []
-        if rollout_id is not None:
-            where.append("rollout_id = %s")
-            params.append(rollout_id)
-        if train_step is not None:
-            where.append("train_step = %s")
-            params.append(train_step)
-        clauses = ("WHERE " + " AND ".join(where) if where else "") + " ORDER BY train_step, sample_index"
+        clauses, params = tables.trained_samples_query(rollout_id, train_step, placeholder="%s")
         return await self._tx(functools.partial(schema.TRAINED_SAMPLES.fetch_all, clauses=clauses, params=params))
 
     async def close(self) -> None:

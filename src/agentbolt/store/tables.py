@@ -158,3 +158,18 @@ def rollout_order_by(sort_by: str, descending: bool, *, text_collation: str = ""
         return f"ORDER BY {ENQUEUE_SEQ} {direction}"
     collate = text_collation if field in TEXT_SORT_FIELDS else ""
     return f"ORDER BY {field}{collate} {direction} NULLS LAST, {ENQUEUE_SEQ} {direction}"
+
+
+def trained_samples_query(rollout_id: str | None, train_step: int | None, *, placeholder: str) -> tuple[str, list[Any]]:
+    """The ``WHERE ... ORDER BY`` clauses and parameters of
+    :meth:`~agentbolt.store.base.LightningStore.query_trained_samples`: the filters that are set, then by
+    ``train_step`` and ``sample_index``. ``placeholder`` is the driver's parameter mark (``?`` or ``%s``)."""
+    where: list[str] = []
+    params: list[Any] = []
+    if rollout_id is not None:
+        where.append(f"rollout_id = {placeholder}")
+        params.append(rollout_id)
+    if train_step is not None:
+        where.append(f"train_step = {placeholder}")
+        params.append(train_step)
+    return ("WHERE " + " AND ".join(where) if where else "") + " ORDER BY train_step, sample_index", params

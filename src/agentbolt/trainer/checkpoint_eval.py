@@ -31,7 +31,6 @@ from rich.table import Table
 from agentbolt.errors import ConfigError
 
 if TYPE_CHECKING:
-    from agentbolt.inference.embedded import EmbeddedBackend
     from agentbolt.trainer.checkpoint import CheckpointInfo
     from agentbolt.trainer.job_config import TrainConfig
 
@@ -113,16 +112,12 @@ async def _evaluate(
 ) -> dict[str, Any]:
     """:func:`run_checkpoint_eval` once the checkpoint is checked and ``out`` is this job's."""
     from agentbolt.algorithms.rl.weight_sync import apply_adapter
-    from agentbolt.trainer.local import fresh_db_path, local_serving, serving_options
+    from agentbolt.trainer.local import LocalMachine, fresh_db_path, local_serving
     from agentbolt.trainer.loop import RLTrainer
 
     t_start = time.perf_counter()
     db_path = fresh_db_path(out, overwrite=overwrite, resumable=False)
     grpo = config.grpo
-
-    def merge_adapter(backend: EmbeddedBackend) -> None:
-        apply_adapter(backend.model, info.path)
-        backend.set_model_version(info.model_version)
 
     n_tasks = sum(len(tasks) for tasks in sets.values())
     console.print(
@@ -130,9 +125,17 @@ async def _evaluate(
         f"{ {name: len(tasks) for name, tasks in sets.items()} } tasks, temperature {grpo.eval_temperature}, "
         f"max_tokens {grpo.max_tokens}"
     )
-    async with local_serving(
-        **serving_options(config), db_path=db_path, console=console, prepare=merge_adapter
-    ) as serving:
+    machine = LocalMachine.of(config)
+    loaded = machine.load_model(console)
+    try:  # the checkpoint's adapter is merged before the server starts: the gateway serves only the trained weights
+        t_merge = time.perf_counter()
+        apply_adapter(loaded.backend.model, info.path)
+        loaded.backend.set_model_version(info.model_version)
+        loaded.setup_s += time.perf_counter() - t_merge
+    except BaseException:
+        await loaded.backend.close()
+        raise
+    async with local_serving(machine, db_path=db_path, console=console, loaded=loaded) as serving:
         evaluator = RLTrainer(
             serving.store, serving.backend, None, grpo, gateway_url=serving.url, agent_match=config.agent_match
         )

@@ -182,7 +182,7 @@ async def _run_job(
         ensure_checkpoint_published,
         restore_missing_metrics,
     )
-    from agentbolt.trainer.local import fresh_db_path, local_training, resolve_model, serving_options
+    from agentbolt.trainer.local import LocalMachine, fresh_db_path, local_training, resolve_model
     from agentbolt.trainer.trackers import open_trackers
 
     train_tasks, all_val_sets = tasks
@@ -247,7 +247,7 @@ async def _run_job(
     async with (
         contextlib.AsyncExitStack() as stack,
         local_training(
-            **serving_options(config),
+            LocalMachine.of(config),
             db_path=db_path,
             grpo=grpo,
             trainer_config=config.trainer_settings,

@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 import copy
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from rich.console import Console
 
@@ -74,18 +74,60 @@ class MachineSettings(Protocol):
     def device(self) -> str: ...
 
 
-def serving_options(settings: MachineSettings) -> dict[str, Any]:
-    """The keyword arguments of :func:`local_serving` / :func:`local_training` that a job's settings give: model,
-    agent, runner fan-out, batching and device."""
-    return {
-        "model": settings.model,
-        "agent": settings.agent,
-        "runner_processes": settings.runner_processes,
-        "runner_concurrency": settings.runner_concurrency,
-        "max_batch_size": settings.max_batch_size,
-        "batch_wait_s": settings.batch_wait_s,
-        "device": settings.device,
-    }
+@dataclass(frozen=True)
+class LocalMachine:
+    """How a job runs on this machine: the embedded model, the agent, the runner fan-out and the model's batching.
+
+    Attributes:
+        model: an embedded model name (``qwen2.5-0.5b``, ``smollm2-135m``) or a prepared bf16 directory.
+        agent: the agent as ``package.module:attribute``, imported by each runner process (the current ``sys.path``
+            is handed to them, so put the repository root on it first for ``examples.*``).
+        runner_processes / runner_concurrency: runner fan-out (processes x rollouts at once each).
+        max_batch_size / batch_wait_s: batching of the embedded backend (requests, seconds).
+        device: where the model is served (and, for training, where the LoRA policy lives): ``cpu``, ``cuda`` or
+            ``cuda:N``.
+    """
+
+    model: str | Path
+    agent: str
+    runner_processes: int = 2
+    runner_concurrency: int = 8
+    max_batch_size: int = 16
+    batch_wait_s: float = 0.25
+    device: str = "cpu"
+
+    @classmethod
+    def of(cls, settings: MachineSettings) -> LocalMachine:
+        """The machine part of a job's settings (``TrainConfig``, ``PromptOptConfig``)."""
+        return cls(
+            model=settings.model,
+            agent=settings.agent,
+            runner_processes=settings.runner_processes,
+            runner_concurrency=settings.runner_concurrency,
+            max_batch_size=settings.max_batch_size,
+            batch_wait_s=settings.batch_wait_s,
+            device=settings.device,
+        )
+
+    def load_model(self, console: Console | None = None) -> LoadedModel:
+        """Prepare and load :attr:`model` (:func:`load_embedded`) with this machine's device and batching."""
+        backend, setup_s = load_embedded(
+            self.model,
+            device=self.device,
+            max_batch_size=self.max_batch_size,
+            batch_wait_s=self.batch_wait_s,
+            console=console,
+        )
+        return LoadedModel(backend, setup_s)
+
+
+@dataclass
+class LoadedModel:
+    """An embedded model loaded for a job, and the seconds spent preparing it (a caller that changes its weights
+    before serving, e.g. merging a checkpoint's adapter, adds its own time to ``setup_s``)."""
+
+    backend: EmbeddedBackend
+    setup_s: float
 
 
 def resolve_model(model: str | Path) -> Path:
@@ -165,10 +207,9 @@ def load_embedded(
     max_batch_size: int,
     batch_wait_s: float,
     console: Console | None = None,
-    prepare: Callable[[EmbeddedBackend], None] | None = None,
 ) -> tuple[EmbeddedBackend, float]:
-    """Prepare (first use converts the GGUF) and load an embedded model under a console status, call ``prepare`` on
-    it, and return the backend with the seconds all this took.
+    """Prepare (first use converts the GGUF) and load an embedded model under a console status; return the backend
+    with the seconds this took.
 
     Raises:
         ConfigError: an unknown model name.
@@ -182,8 +223,6 @@ def load_embedded(
         backend = EmbeddedBackend.load(
             resolve_model(model), device=device, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s
         )
-        if prepare is not None:
-            prepare(backend)
     return backend, time.perf_counter() - t_start
 
 
@@ -254,31 +293,20 @@ class RunnerWatch:
 
 @asynccontextmanager
 async def local_serving(
+    machine: LocalMachine,
     *,
-    model: str | Path,
     db_path: Path,
-    agent: str,
-    runner_processes: int = 2,
-    runner_concurrency: int = 8,
-    max_batch_size: int = 16,
-    batch_wait_s: float = 0.25,
     console: Console | None = None,
-    device: str = "cpu",
-    prepare: Callable[[EmbeddedBackend], None] | None = None,
+    loaded: LoadedModel | None = None,
 ) -> AsyncIterator[LocalServing]:
     """Start the embedded model, a SQLite store, the server and runner processes; yield them; stop them all.
 
     Args:
-        model: an embedded model name (``qwen2.5-0.5b``, ``smollm2-135m``) or a prepared bf16 directory.
+        machine: the model, agent, runner fan-out, batching and device.
         db_path: the SQLite store file (created; see :func:`fresh_db_path`).
-        agent: the agent as ``package.module:attribute``, imported by each runner process (the current
-            ``sys.path`` is handed to them, so put the repository root on it first for ``examples.*``).
-        runner_processes / runner_concurrency: runner fan-out (processes x rollouts at once each).
-        max_batch_size / batch_wait_s: batching of the embedded backend (requests, seconds).
         console: where the model-preparation status is shown.
-        device: where the model is served: ``cpu``, ``cuda`` or ``cuda:N``.
-        prepare: called with the loaded backend before the server starts, inside the model-preparation status
-            (:func:`local_training` builds its LoRA policy there); counted in ``model_setup_s``.
+        loaded: the model, already loaded (and changed: a policy built from it, a checkpoint's adapter merged)
+            by the caller; it is served from here on and closed at the end. ``None``: load ``machine.model``.
 
     Raises:
         ConfigError: an unknown model name or a bad ``agent`` reference (before anything is started).
@@ -291,19 +319,30 @@ async def local_serving(
     from agentbolt.server.serving import serve_in_background
     from agentbolt.store.sqlite import SqliteLightningStore
 
-    load_agent(agent)
-    backend, model_setup_s = load_embedded(
-        model, device=device, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s, console=console, prepare=prepare
-    )
-    store = SqliteLightningStore(db_path)
+    try:
+        load_agent(machine.agent)
+    except BaseException:
+        if loaded is not None:
+            await loaded.backend.close()
+        raise
+    if loaded is None:
+        loaded = machine.load_model(console)
+    backend = loaded.backend
+    try:
+        store = SqliteLightningStore(db_path)
+    except BaseException:
+        await backend.close()
+        raise
     try:
         gate = WeightSwapGate()
         app = create_app(store, backend, swap_gate=gate)
         async with serve_in_background(app) as url:
-            pool = start_runner_processes(agent, url, n_processes=runner_processes, concurrency=runner_concurrency)
+            pool = start_runner_processes(
+                machine.agent, url, n_processes=machine.runner_processes, concurrency=machine.runner_concurrency
+            )
             watch = RunnerWatch(pool)
             try:
-                yield LocalServing(store, backend, url, gate, model_setup_s)
+                yield LocalServing(store, backend, url, gate, loaded.setup_s)
             except asyncio.CancelledError:
                 watch.raise_if_dead()
                 raise
@@ -370,74 +409,60 @@ async def model_serving(
 
 @asynccontextmanager
 async def local_training(
+    machine: LocalMachine,
     *,
-    model: str | Path,
     db_path: Path,
-    agent: str,
     grpo: GRPOConfig,
-    learning_rate: float = 2e-4,
     trainer_config: TorchTrainerConfig | None = None,
-    runner_processes: int = 2,
-    runner_concurrency: int = 8,
-    max_batch_size: int = 16,
-    batch_wait_s: float = 0.25,
     agent_match: str | None = None,
     console: Console | None = None,
-    device: str = "cpu",
     resume_from: Path | None = None,
 ) -> AsyncIterator[LocalTraining]:
     """Start what :func:`local_serving` starts, plus the LoRA policy and an :class:`RLTrainer` over them; yield them;
     stop them all.
 
+    The policy is a copy of the served model with LoRA adapters; after each update its merged weights are written
+    into the served model (serving through peft's LoRA layers is ~5x slower on CPU,
+    :mod:`agentbolt.algorithms.rl.weight_sync`). It is built before the server starts, so the gateway never serves
+    other weights than the policy's.
+
     Args:
-        model, db_path, agent, runner_processes, runner_concurrency, max_batch_size, batch_wait_s, console,
-        device: as in :func:`local_serving` (the LoRA policy lives on ``device`` too).
+        machine, db_path, console: as in :func:`local_serving` (the LoRA policy lives on ``machine.device`` too).
         grpo: the RL settings.
-        learning_rate: AdamW learning rate of the LoRA update.
-        trainer_config: settings of the torch trainer backend; when given, its ``learning_rate`` wins.
+        trainer_config: settings of the torch trainer backend (LoRA, learning rate, loss); ``None``: its defaults.
         agent_match: regular expression over agent names; only the matching agents' LLM calls become training
             samples (``None``: all calls). See :class:`~agentbolt.trainer.loop.RLTrainer`.
         resume_from: a checkpoint folder (``OUT/checkpoints/step-N``): its adapter, value head, optimizer and RNG
             states are loaded into the policy and its merged weights into the served model before the server
-            starts, so the gateway never serves other weights. The loop's own state is the caller's to restore
-            (``trainer.load_state_dict``).
+            starts. The loop's own state is the caller's to restore (``trainer.load_state_dict``).
 
     Raises:
-        ConfigError: an unknown model name, a bad ``agent`` reference or a bad ``agent_match`` pattern (before
-            anything is started), or a checkpoint that does not fit the model.
+        ConfigError: an unknown model name, a bad ``agent`` reference, a bad ``agent_match`` pattern or unknown
+            algorithm names (before the model loads), or a checkpoint that does not fit the model.
     """
-    from agentbolt.adapter.agents import compile_agent_match
+    from agentbolt.adapter.lightning_rl import LightningRL
     from agentbolt.algorithms.rl.torch_backend import TorchPolicyTrainer, TorchTrainerConfig, attach_lora
     from agentbolt.algorithms.rl.weight_sync import load_weights, merged_lora_weights
+    from agentbolt.runner.processes import load_agent
     from agentbolt.trainer.loop import RLTrainer
 
-    compile_agent_match(agent_match)  # a bad pattern fails before the model loads
-    config = trainer_config if trainer_config is not None else TorchTrainerConfig(learning_rate=learning_rate)
-    built: list[tuple[Any, TorchPolicyTrainer]] = []
-
-    def build_policy(backend: EmbeddedBackend) -> None:
-        # The policy is a copy of the served model with LoRA adapters; after each update its merged weights are
-        # written into the served model (serving through peft's LoRA layers is ~5x slower on CPU).
-        policy = attach_lora(copy.deepcopy(backend.model), config)
-        updater = TorchPolicyTrainer(policy, config, pad_token_id=backend.pad_token_id)
+    LightningRL(grpo, agent_match=agent_match)  # bad names and patterns fail before the model loads
+    load_agent(machine.agent)
+    config = trainer_config if trainer_config is not None else TorchTrainerConfig()
+    loaded = machine.load_model(console)
+    try:
+        t_policy = time.perf_counter()
+        policy = attach_lora(copy.deepcopy(loaded.backend.model), config)
+        updater = TorchPolicyTrainer(policy, config, pad_token_id=loaded.backend.pad_token_id)
         if resume_from is not None:
             updater.load_state(resume_from)
-            load_weights(backend.model, merged_lora_weights(policy))
-        built.append((policy, updater))
+            load_weights(loaded.backend.model, merged_lora_weights(policy))
+        loaded.setup_s += time.perf_counter() - t_policy
+    except BaseException:
+        await loaded.backend.close()
+        raise
 
-    async with local_serving(
-        model=model,
-        db_path=db_path,
-        agent=agent,
-        runner_processes=runner_processes,
-        runner_concurrency=runner_concurrency,
-        max_batch_size=max_batch_size,
-        batch_wait_s=batch_wait_s,
-        console=console,
-        device=device,
-        prepare=build_policy,
-    ) as serving:
-        policy, updater = built[0]
+    async with local_serving(machine, db_path=db_path, console=console, loaded=loaded) as serving:
         backend = serving.backend
 
         def sync_weights() -> None:

@@ -1,14 +1,18 @@
-"""The RL loop: enqueue rollouts -> wait -> spans to trajectories -> credit and advantages -> update -> swap weights.
+"""The RL loop: enqueue rollouts -> wait -> read them back -> the algorithm's batch -> update -> swap weights.
 
 The trainer never calls the agent: it writes rollouts and resources into the store, runners execute them, and the
-trainer reads the spans back. The policy update runs in a thread, so the server (and the runners' heartbeats) stay
-live during it. When the backend serves a copy of the policy (``sync_weights``), generation goes on during the
-update and only the weight swap pauses it, behind the gateway's swap gate (:mod:`agentbolt.server.gateway.swap`).
+trainer reads the spans back. What a step trains on is the algorithm's part
+(:class:`~agentbolt.adapter.lightning_rl.LightningRL`: selection, credit assignment, advantages, staleness, merging;
+no I/O); this loop does the rest: enqueue, wait, the value head's estimates under ``gae``, the trained record, the
+update, the weight swap, metrics, and the hooks a job checkpoints in. The policy update runs in a thread, so the
+server (and the runners' heartbeats) stay live during it. When the backend serves a copy of the policy
+(``sync_weights``), generation goes on during the update and only the weight swap pauses it, behind the gateway's
+swap gate (:mod:`agentbolt.server.gateway.swap`).
 
 **Asynchronous training** (``GRPOConfig.async_rollouts = k > 0``, :meth:`RLTrainer.train`): the rollouts of the next
 ``k`` steps are enqueued before the current step's update, so the runners keep generating while the trainer
 updates. A step's batch then holds calls made by weights up to ``k`` versions old; the staleness bound
-(``max_staleness``, ``stale_policy``) drops or reweights older ones (:mod:`agentbolt.algorithms.rl.staleness`). This
+(``max_staleness``, ``stale_policy``) drops or reweights older ones (:mod:`agentbolt.adapter.staleness`). This
 is one-step (``k = 1``) or k-step off-policy training, as in AReaL (arXiv:2505.24298) and verl's one-step-off-policy
 recipe; ``tis_cap`` of the torch backend corrects the remaining off-policyness by truncated importance sampling.
 
@@ -36,10 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, cast
 
 from agentbolt.adapter import build_trajectory
-from agentbolt.adapter.advantages import VALUE_HEAD_ESTIMATOR, check_estimator_name
-from agentbolt.adapter.agents import compile_agent_match
-from agentbolt.adapter.batch import StalenessSettings, samples_for_step, select_trajectories
-from agentbolt.adapter.credit import build_credit_scheme
+from agentbolt.adapter.lightning_rl import FinishedRollout, LightningRL
 from agentbolt.adapter.samples import TrainingSample
 from agentbolt.adapter.staleness import StalenessReport
 from agentbolt.adapter.trajectory import accuracy_reward, is_correct
@@ -51,13 +52,11 @@ from agentbolt.store.base import EnqueueRequest, LightningStore
 from agentbolt.trainer.trained_record import record_trained_batch
 from agentbolt.types import (
     LLM,
-    Attempt,
     Metric,
     Rollout,
     RolloutConfig,
     RolloutMode,
     RolloutStatus,
-    Span,
     Trajectory,
     Transition,
 )
@@ -72,23 +71,6 @@ ProgressCallback = Callable[[int, int], None]
 AfterStep = Callable[["StepResult"], Awaitable[None]]
 """Awaited after each step of :meth:`RLTrainer.train`, before the next step's rollouts are enqueued (e.g. to write a
 checkpoint)."""
-
-UNNAMED_AGENT = "(unnamed)"
-"""How calls made outside any ``agentbolt.agent(...)`` scope are counted in :class:`StepResult`."""
-
-
-def agent_name_of(transition: Transition) -> str:
-    """The agent name recorded on a transition (``Transition.agent_name``), or :data:`UNNAMED_AGENT`."""
-    return transition.agent_name or UNNAMED_AGENT
-
-
-def count_by_agent(transitions: Sequence[Transition]) -> dict[str, int]:
-    """Transitions per agent name, names sorted."""
-    counts: dict[str, int] = {}
-    for transition in transitions:
-        name = agent_name_of(transition)
-        counts[name] = counts.get(name, 0) + 1
-    return dict(sorted(counts.items()))
 
 
 class PolicyUpdater(Protocol):
@@ -140,12 +122,12 @@ class StepResult:
         rewards: final rewards of the trained rollouts.
         n_rollouts: rollouts run.
         n_failed: rollouts not trained: failed (not for infrastructure reasons), never ran, unscored, or without any
-            trainable call at all (rules in :mod:`agentbolt.trainer.batch`).
+            trainable call at all (rules in :mod:`agentbolt.adapter.batch`).
         n_transitions: transitions in the batch (after ``agent_match``).
         rollout_s / update_s: wall seconds of the rollouts and of the policy update.
         update_stats: what the trainer backend reported.
         n_unmatched: succeeded, scored rollouts left out because none of their calls matched ``agent_match``.
-        kept_by_agent: transitions in the batch per agent name (:func:`agent_name_of`).
+        kept_by_agent: transitions in the batch per agent name (:func:`~agentbolt.adapter.lightning_rl.count_by_agent`).
         dropped_by_agent: trainable transitions left out by ``agent_match``, per agent name, over every succeeded,
             scored rollout of the step (those in ``n_unmatched`` included); with ``kept_by_agent`` they add up to all
             the trainable calls of those rollouts.
@@ -237,7 +219,7 @@ class RLTrainer:
         agent_match: str | None = None,
         swap_gate: WeightSwapGate | None = None,
     ) -> None:
-        compile_agent_match(agent_match)
+        self.algorithm = LightningRL(config, agent_match=agent_match)
         self.swap_gate = swap_gate
         self.versions: list[str] = [backend.model_version]
         self.last_train_step = 0  # the last finished step: the train_step of evaluate()'s val_accuracy metrics
@@ -249,11 +231,7 @@ class RLTrainer:
         self.updater = updater
         self.config = config
         self.gateway_url = gateway_url
-        self.credit = build_credit_scheme(
-            config.credit_assignment, gamma=config.credit_gamma, air_weights=config.air_weights
-        )
-        check_estimator_name(config.advantage_estimator)  # an unknown name fails here, listing the known ones
-        if config.advantage_estimator == VALUE_HEAD_ESTIMATOR:
+        if self.algorithm.needs_values:
             self._value_head()
         self.rng = random.Random(config.seed)
         self.metric_buffer: list[Metric] | None = None
@@ -493,7 +471,7 @@ class RLTrainer:
         """Wait for a step's rollouts, build its batch, update the policy and swap the serving weights.
 
         Under asynchronous training (``async_rollouts > 0``) the staleness bound applies to the batch
-        (:mod:`agentbolt.algorithms.rl.staleness`), and the update runs while other steps' rollouts go on: only the
+        (:mod:`agentbolt.adapter.staleness`), and the update runs while other steps' rollouts go on: only the
         weight swap holds the gateway's calls (:meth:`swap_weights`).
         """
         t_wait = time.perf_counter()
@@ -508,7 +486,7 @@ class RLTrainer:
         rollout_s = time.perf_counter() - pending.enqueued_at
         train_step = pending.train_step
 
-        finished: list[tuple[Rollout, Attempt | None, list[Span]]] = []
+        finished: list[FinishedRollout] = []
         for rollout in rollouts:
             attempts = await self.store.query_attempts(rollout.rollout_id)
             if not attempts:
@@ -516,9 +494,8 @@ class RLTrainer:
                 continue
             last = attempts[-1]
             finished.append((rollout, last, list(await self.store.query_spans(rollout.rollout_id, last.attempt_id))))
-        selection = select_trajectories(finished, agent_match=self.agent_match)
-        trajectories, dropped = selection.trajectories, selection.dropped
-        n_failed, n_unmatched = selection.n_failed, selection.n_unmatched
+        batch = self.algorithm.batch(finished, versions=self.versions)
+        selection = batch.selection
         if selection.infra_failures:
             logger.warning(
                 "step %d: %d rollouts excluded for infrastructure failures (not trained, not scored 0): %s",
@@ -526,45 +503,24 @@ class RLTrainer:
                 selection.n_infra_failed,
                 selection.infra_failures,
             )
-
-        rewards = [t.final_reward for t in trajectories if t.final_reward is not None]
-        staleness = None
-        if self.config.async_rollouts > 0:
-            staleness = StalenessSettings(
-                versions=tuple(self.versions),
-                max_staleness=self.config.effective_max_staleness,
-                policy=self.config.stale_policy,
-                decay=self.config.stale_decay,
-            )
-        step_batch = samples_for_step(
-            trajectories,
-            credit=self.credit,
-            estimator=self.config.advantage_estimator,
-            truncated=self.config.truncated,
-            truncated_reward=self.config.truncated_reward,
-            merge=self.config.merge_samples,
-            staleness=staleness,
-        )
-        batch, report = step_batch.batch, step_batch.staleness
-        samples = batch.samples
         gae_s = 0.0
-        if self.config.advantage_estimator == VALUE_HEAD_ESTIMATOR and samples:
+        if self.algorithm.needs_values and batch.samples:
             # PPO with a value head: V(s) of every trained token under the pre-update weights, then GAE per rollout.
             t_gae = time.perf_counter()
-            values = await self.on_update_thread(self._value_head().values, samples)
-            samples = rollout_gae(samples, values, gamma=self.config.gae_gamma, lam=self.config.gae_lambda)
+            values = await self.on_update_thread(self._value_head().values, batch.samples)
+            batch.samples = rollout_gae(batch.samples, values, gamma=self.config.gae_gamma, lam=self.config.gae_lambda)
             gae_s = time.perf_counter() - t_gae
 
         # What this update trains on goes to the store (shown by the dashboard and `agentbolt export --kind rl`).
         await record_trained_batch(
-            self.store, train_step, samples, trajectories, config=self.config, staleness=staleness
+            self.store, train_step, batch.samples, batch.trajectories, config=self.config, staleness=batch.staleness
         )
 
         t1 = time.perf_counter()
         if self.sync_weights is None:  # the backend serves the trained module itself: no generation during the update
-            stats = await self.on_update_thread(self._update_paused, samples)
+            stats = await self.on_update_thread(self._update_paused, batch.samples)
         else:
-            stats = dict(await self.on_update_thread(self._updater().train_step, samples))
+            stats = dict(await self.on_update_thread(self._updater().train_step, batch.samples))
         swap_s = await self.swap_weights(f"step-{train_step}")
         if self.sync_weights is not None:
             stats["weight_sync_s"] = swap_s
@@ -574,23 +530,23 @@ class RLTrainer:
 
         result = StepResult(
             train_step=train_step,
-            rewards=rewards,
+            rewards=batch.rewards,
             n_rollouts=len(rollouts),
-            n_failed=n_failed,
-            n_transitions=sum(len(t.transitions) for t in trajectories),
+            n_failed=selection.n_failed,
+            n_transitions=batch.n_transitions,
             rollout_s=rollout_s,
             update_s=update_s,
             update_stats=stats,
-            n_unmatched=n_unmatched,
-            kept_by_agent=count_by_agent([t for traj in trajectories for t in traj.transitions]),
-            dropped_by_agent=count_by_agent(dropped),
-            batch_span_ids=[t.span_id or "" for traj in trajectories for t in traj.transitions],
+            n_unmatched=selection.n_unmatched,
+            kept_by_agent=batch.kept_by_agent,
+            dropped_by_agent=batch.dropped_by_agent,
+            batch_span_ids=batch.batch_span_ids,
             infra_failures=selection.infra_failures,
-            n_samples=len(samples),
-            tokens_unmerged=batch.tokens_unmerged,
-            tokens_merged=batch.tokens_merged,
+            n_samples=len(batch.samples),
+            tokens_unmerged=batch.step_batch.batch.tokens_unmerged,
+            tokens_merged=batch.step_batch.batch.tokens_merged,
             wait_s=wait_s,
-            staleness=report,
+            staleness=batch.step_batch.staleness,
         )
         if self.agent_match is not None:
             logger.info(
@@ -599,7 +555,7 @@ class RLTrainer:
                 self.agent_match,
                 result.kept_by_agent,
                 result.dropped_by_agent,
-                n_unmatched,
+                selection.n_unmatched,
             )
         metrics = self._metrics(result)
         tokens_per_s = self._tokens_per_s_since_last()
@@ -633,7 +589,7 @@ class RLTrainer:
         *,
         on_rollout_progress: ProgressCallback | None = None,
     ) -> StepResult:
-        """One synchronous step: ``group_size`` rollouts per task, credit and advantages (:func:`samples_for_step`),
+        """One synchronous step: ``group_size`` rollouts per task, the algorithm's batch (:meth:`LightningRL.batch`),
         one update, the weight swap."""
         pending = await self.start_step(train_step, tasks)
         return await self.finish_step(pending, on_rollout_progress=on_rollout_progress)

@@ -175,9 +175,9 @@ def check_job_inputs(
 
 def serve_job(config: PromptOptConfig, db_path: Path, console: Console) -> AbstractAsyncContextManager[LocalServing]:
     """:func:`~agentbolt.trainer.local.local_serving` with the job's model, agent, runner and batching settings."""
-    from agentbolt.trainer.local import local_serving, serving_options
+    from agentbolt.trainer.local import LocalMachine, local_serving
 
-    return local_serving(**serving_options(config), db_path=db_path, console=console)
+    return local_serving(LocalMachine.of(config), db_path=db_path, console=console)
 
 
 def agent_llm(config: PromptOptConfig, serving: LocalServing) -> LLM:

@@ -44,6 +44,16 @@ def check_adapter_files(folder: Path | str) -> None:
                 raise ValueError("no tensor")
     except (OSError, ValueError, SafetensorError) as exc:
         raise ConfigError(
-            f"the LoRA adapter in {where} is damaged ({str(exc).splitlines()[0][:200]}); use another checkpoint "
+            f"the LoRA adapter in {where} is damaged ({short_reason(exc)}); use another checkpoint "
             "(the one before it), or train again"
         ) from None
+
+
+def short_reason(exc: BaseException, *, width: int = 200) -> str:
+    """The first non-empty line of ``exc``'s message, cut at ``width`` characters, and how many lines were left out
+    (torch's state-dict errors list every mismatched tensor: hundreds of lines for one wrong LoRA rank)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    first = lines[0] if len(lines[0]) <= width else lines[0][: width - 3] + "..."
+    return first if len(lines) == 1 else f"{first} ... and {len(lines) - 1} more lines"

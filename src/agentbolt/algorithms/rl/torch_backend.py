@@ -416,6 +416,8 @@ class TorchPolicyTrainer:
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
+        from agentbolt.algorithms.rl.adapter_files import short_reason
+
         directory = Path(directory)
         adapter_file = directory / "adapter_model.safetensors"
         state_file = directory / TRAINER_STATE_FILE
@@ -424,9 +426,9 @@ class TorchPolicyTrainer:
                 raise ConfigError(f"checkpoint {directory} has no {needed.name}; it is not a complete checkpoint")
         head_file = directory / VALUE_HEAD_FILE
         if head_file.is_file() != (self.value_head is not None):
-            have = "has" if head_file.is_file() else "has no"
+            have = "has a" if head_file.is_file() else "has no"
             raise ConfigError(
-                f"checkpoint {directory} {have} a value head and this run's trainer "
+                f"checkpoint {directory} {have} value head and this run's trainer "
                 f"{'does not' if self.value_head is None else 'does'}; resume with the same advantage_estimator"
             )
         try:  # read every file first: a truncated one is damage, not a model mismatch
@@ -435,7 +437,7 @@ class TorchPolicyTrainer:
             state = torch.load(state_file, map_location="cpu", weights_only=True)
         except (SafetensorError, pickle.UnpicklingError, EOFError, RuntimeError) as exc:
             raise ConfigError(
-                f"checkpoint {directory} is damaged ({str(exc).splitlines()[0][:200]}); delete that folder to resume "
+                f"checkpoint {directory} is damaged ({short_reason(exc)}); delete that folder to resume "
                 "from the one before it"
             ) from None
         try:
@@ -452,8 +454,8 @@ class TorchPolicyTrainer:
                 group["lr"] = self.config.learning_rate
         except (RuntimeError, ValueError, KeyError) as exc:
             raise ConfigError(
-                f"checkpoint {directory} does not fit this model ({exc}); resume with the model and LoRA settings "
-                "(torch_trainer.lora_*) it was trained with"
+                f"checkpoint {directory} does not fit this model ({short_reason(exc)}); resume with the model and LoRA "
+                "settings (torch_trainer.lora_*) it was trained with"
             ) from None
         self.train_steps = int(state["train_steps"])
         torch.set_rng_state(state["torch_rng"])

@@ -78,7 +78,7 @@ def apply_adapter(serving_model: torch.nn.Module, adapter_dir: str | Path) -> in
 
     from peft import PeftModel
 
-    from agentbolt.algorithms.rl.adapter_files import check_adapter_files
+    from agentbolt.algorithms.rl.adapter_files import check_adapter_files, short_reason
     from agentbolt.errors import ConfigError
 
     folder = Path(adapter_dir)
@@ -88,5 +88,6 @@ def apply_adapter(serving_model: torch.nn.Module, adapter_dir: str | Path) -> in
         return load_weights(serving_model, merged_lora_weights(peft_model))
     except (KeyError, ValueError, RuntimeError) as exc:
         raise ConfigError(
-            f"the adapter in {folder} does not fit this model ({exc}); serve the model it was trained from"
+            f"the adapter in {folder} does not fit this model ({short_reason(exc)}); serve the model it was "
+            "trained from"
         ) from None
