@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from agentbolt import semconv
@@ -92,3 +93,30 @@ def test_infrastructure_failures_are_excluded_and_counted_never_scored_zero() ->
     assert selection.n_failed == 2  # r4, r5
     assert selection.n_unmatched == 0
     # 2 trained + 3 infra + 2 failed = the 7 rollouts, each counted once
+
+
+def test_lightning_rl_batch_selects_credits_and_scores_a_group() -> None:
+    """Two rollouts of one task (one group, rewards 1 and 0) and a failed one: GRPO advantages
+    (R - mean) / (std + 1e-6) with the sample std sqrt(0.5) (Shao et al. 2024, arXiv:2402.03300; ddof=1 as in
+    agentbolt.adapter.advantages), so +-0.5 / (0.7071068 + 1e-6); broadcast credit gives each call its rollout's
+    reward; the staleness bound applies only under asynchronous training."""
+    from agentbolt.adapter.lightning_rl import LightningRL
+    from agentbolt.config import GRPOConfig
+
+    ok, done = RolloutStatus.SUCCEEDED, AttemptStatus.SUCCEEDED
+    r1, r2 = (_rollout(r, ok).model_copy(update={"metadata": {"task_id": "t"}}) for r in ("r1", "r2"))
+    finished = [
+        (r1, _attempt("r1", done), [_llm("r1", 1), _llm("r1", 2), _reward("r1", 3, 1.0)]),
+        (r2, _attempt("r2", done), [_llm("r2", 1), _reward("r2", 2, 0.0)]),
+        (_rollout("r3", RolloutStatus.FAILED), _attempt("r3", AttemptStatus.FAILED), [_llm("r3", 1)]),
+    ]
+    algorithm = LightningRL(GRPOConfig(merge_samples=False), agent_match=None)
+    batch = algorithm.batch(finished, versions=["base"])
+    assert [t.rollout_id for t in batch.trajectories] == ["r1", "r2"] and batch.selection.n_failed == 1
+    assert batch.rewards == [1.0, 0.0] and batch.n_transitions == 3
+    assert [t.reward for t in batch.trajectories[0].transitions] == [1.0, 1.0]  # broadcast credit
+    a = 0.5 / (math.sqrt(0.5) + 1e-6)
+    assert [(s.rollout_id, s.advantage) for s in batch.samples] == [("r1", a), ("r1", a), ("r2", -a)]
+    assert batch.batch_span_ids == ["sp-r1-1", "sp-r1-2", "sp-r2-1"]
+    assert batch.kept_by_agent == {"(unnamed)": 3} and batch.staleness is None and not algorithm.needs_values
+    assert LightningRL(GRPOConfig(async_rollouts=1)).staleness_settings(["base", "step-1"]) is not None
