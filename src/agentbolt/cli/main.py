@@ -5,54 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shlex
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 
+from agentbolt.cli import jobs
+from agentbolt.cli.common import console, fail
 from agentbolt.errors import AgentboltError
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="agentbolt: train any LLM agent from its own executions."
 )
-console = Console(soft_wrap=True)
-err_console = Console(stderr=True, soft_wrap=True)
-
-
-def _run_job(job: Coroutine[Any, Any, Any], *, on_stop: str | None = None) -> None:
-    """Run a long job (``train``, ``demo``) until it ends or SIGINT/SIGTERM arrives; a signal cancels it, so its
-    runners are stopped and its store closed on the way out (everything finished stays in the store), then exit 130.
-    ``on_stop`` is printed after a signal (e.g. the command that resumes the run)."""
-
-    async def main() -> None:
-        import signal
-
-        task = asyncio.ensure_future(job)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, task.cancel)
-        try:
-            await task
-        except asyncio.CancelledError:
-            console.print("stopped by a signal; the store keeps every rollout and span recorded so far")
-            if on_stop:
-                console.print(on_stop)
-            raise typer.Exit(130) from None
-
-    asyncio.run(main())
-
-
-def _fail(exc: Exception) -> None:
-    if isinstance(exc, ValidationError):  # a config object refused the options: show only the reasons
-        message = "; ".join(str(err.get("msg", err)) for err in exc.errors())
-    else:
-        message = str(exc)
-    err_console.print(f"[bold red]error:[/] {message}")
-    raise typer.Exit(code=2)
 
 
 @app.command()
@@ -98,16 +62,16 @@ def serve(
 
     max_body_bytes = int(max_body_mb * MIB)
     if max_body_bytes < 1:
-        _fail(ValueError(f"--max-body-mb must be positive, got {max_body_mb}"))
+        fail(ValueError(f"--max-body-mb must be positive, got {max_body_mb}"))
     served_version = None
     if adapter is not None:
         try:
             model, served_version = _adapter_model(adapter, model, backend_kind)
         except AgentboltError as exc:
-            _fail(exc)
+            fail(exc)
     kind = backend_kind or ("embedded" if model is not None else None)
     if backend_url and kind in (None, "embedded"):
-        _fail(
+        fail(
             ValueError(
                 "--backend-url is for a remote backend; add --backend vllm or --backend openai "
                 "(the embedded backend runs in this process and has no URL)"
@@ -153,7 +117,7 @@ def serve(
     except KeyboardInterrupt:
         pass
     except AgentboltError as exc:
-        _fail(exc)
+        fail(exc)
 
 
 def _adapter_model(adapter: Path, model: str | None, backend_kind: str | None) -> tuple[str, str | None]:
@@ -222,15 +186,15 @@ def run(
 
     logging.basicConfig(level=logging.WARNING)
     if concurrency < 1:
-        _fail(ValueError(f"--concurrency must be >= 1, got {concurrency}"))
+        fail(ValueError(f"--concurrency must be >= 1, got {concurrency}"))
     if exit_after is not None and exit_after < 1:
-        _fail(ValueError(f"--exit-after must be >= 1, got {exit_after}"))
+        fail(ValueError(f"--exit-after must be >= 1, got {exit_after}"))
     if no_instrument and instrument:
-        _fail(ValueError("--no-instrument and --instrument exclude each other"))
+        fail(ValueError("--no-instrument and --instrument exclude each other"))
     if ray_runners < 0:
-        _fail(ValueError(f"--ray-runners must be >= 0, got {ray_runners}"))
+        fail(ValueError(f"--ray-runners must be >= 0, got {ray_runners}"))
     if ray_address is not None and not ray_runners:
-        _fail(ValueError("--ray-address needs --ray-runners N"))
+        fail(ValueError("--ray-address needs --ray-runners N"))
     sys.path.insert(0, str(app_dir.resolve()))
     frameworks: bool | list[str] = False if no_instrument else (list(instrument) if instrument else True)
     if ray_runners:
@@ -264,7 +228,7 @@ def run(
     try:
         asyncio.run(main())
     except AgentboltError as exc:
-        _fail(exc)
+        fail(exc)
 
 
 def _run_on_ray(
@@ -316,178 +280,13 @@ def _run_on_ray(
         )
     except (AgentboltError, TimeoutError) as exc:
         pool.stop(timeout_s=5.0)
-        _fail(exc)
+        fail(exc)
 
 
-@app.command()
-def demo(
-    steps: int = typer.Option(4, help="GRPO steps"),
-    out: Path = typer.Option(Path("runs/demo"), help="output directory"),
-    model: str = typer.Option("qwen2.5-0.5b", help="embedded model: qwen2.5-0.5b, qwen2.5-coder-1.5b or smollm2-135m"),
-    tasks_per_step: int = typer.Option(4, help="distinct tasks per step"),
-    group_size: int = typer.Option(4, help="rollouts per task (GRPO group)"),
-    val_size: int = typer.Option(8, help="tasks per validation set"),
-    overwrite: bool = typer.Option(False, help="replace an existing OUT/store.db"),
-    seed: int = typer.Option(0, help="task sampling seed"),
-    device: str = typer.Option("cpu", help="where the model is served and trained: cpu, cuda or cuda:N"),
-) -> None:
-    """Train the calculator agent with GRPO on this machine and report validation accuracy before and after."""
-    from agentbolt.config import GRPOConfig
-    from agentbolt.trainer.job import run_training
-    from agentbolt.trainer.job_config import TrainConfig
-
-    logging.basicConfig(level=logging.WARNING)
-    try:
-        config = TrainConfig(
-            out_dir=out,
-            model=model,
-            grpo=GRPOConfig(steps=steps, tasks_per_step=tasks_per_step, group_size=group_size, seed=seed),
-            val_size=val_size,
-            overwrite=overwrite,
-            device=device,
-        )
-        _run_job(run_training(config, console))
-    except (AgentboltError, ValidationError) as exc:
-        _fail(exc)
-
-
-@app.command()
-def train(
-    config: Path = typer.Argument(..., help="YAML file of the job's settings, e.g. examples/calc_agent/config.yaml"),
-    set_: list[str] | None = typer.Option(
-        None,
-        "--set",
-        help="override one setting, as dotted.key=value (repeatable), e.g. --set grpo.advantage_estimator=rloo",
-    ),
-    out: Path | None = typer.Option(None, help="output directory (overrides out_dir of the file)"),
-    overwrite: bool = typer.Option(False, help="replace an existing OUT/store.db and OUT/checkpoints"),
-    resume: bool = typer.Option(
-        False, help="RL: continue the run in OUT from its newest complete checkpoint, on the same store"
-    ),
-) -> None:
-    """Train an agent on this machine from a YAML config: LightningRL (writes store.db, checkpoints/step-N,
-    summary.json, reward_curve.png), or with algorithm apo / gepa prompt optimization (writes store.db, summary.json,
-    the best prompt and its diff from the seed)."""
-    from agentbolt.errors import ConfigError
-    from agentbolt.trainer.job import run_training
-    from agentbolt.trainer.job_config import TrainConfig, load_job_config, validate_settings
-    from agentbolt.trainer.prompt_opt import run_prompt_optimization
-
-    logging.basicConfig(level=logging.WARNING)
-    overrides = list(set_ or [])
-    if out is not None:
-        overrides.append(f"out_dir={out}")
-    if overwrite:
-        overrides.append("overwrite=true")
-    try:
-        job = load_job_config(config, overrides)
-        if resume:
-            if not isinstance(job, TrainConfig):
-                raise ConfigError(f"{config}: --resume continues an RL run; a prompt-optimization job cannot resume")
-            job = validate_settings(TrainConfig, {**job.to_settings(), "resume": True}, config)
-        if isinstance(job, TrainConfig):
-            sets = [arg for item in set_ or [] for arg in ("--set", item)]
-            resume_command = shlex.join(
-                ["agentbolt", "train", str(config), "--out", str(job.out_dir), *sets, "--resume"]
-            )
-            _run_job(run_training(job, console), on_stop=f"continue it from its last checkpoint: {resume_command}")
-        else:
-            _run_job(run_prompt_optimization(job, console))
-    except (AgentboltError, ValidationError) as exc:
-        _fail(exc)
-
-
-@app.command(name="eval")
-def eval_(
-    config: Path = typer.Argument(
-        ...,
-        help="YAML file of the job: an RL config with --checkpoint (examples/calc_agent/config.yaml), or a "
-        "prompt-optimization config with --resources (examples/room_agent/config.yaml)",
-    ),
-    checkpoint: Path | None = typer.Option(
-        None, help="RL: the checkpoint to score, OUT/checkpoints/step-N (its LoRA adapter is served)"
-    ),
-    resources: str | None = typer.Option(None, help="prompt optimization: the resources version to evaluate (rs-N)"),
-    split: str = typer.Option(
-        "val", help="val (the validation tasks the train job scores) or test (the tasks module's load_test_tasks)"
-    ),
-    store: Path | None = typer.Option(
-        None, help="prompt optimization: the SQLite store file holding the version (default: out_dir/store.db)"
-    ),
-    out: Path | None = typer.Option(
-        None,
-        help="where eval.json (and, for a checkpoint, a new store.db) is written (default: out_dir/eval-rs-N-SPLIT, "
-        "or OUT/eval-step-N-SPLIT beside the checkpoints)",
-    ),
-    overwrite: bool = typer.Option(False, help="checkpoint: replace the store of an earlier evaluation in --out"),
-    set_: list[str] | None = typer.Option(
-        None, "--set", help="override one setting of the config, as dotted.key=value (repeatable), e.g. --set model=..."
-    ),
-) -> None:
-    """Score a trained agent on a config's val or test tasks with the config's model and agent: an RL checkpoint
-    (its adapter served; a new store in the output folder) or a stored prompt version (rollouts go into its store).
-    The accuracy table is printed and written to eval.json."""
-    from agentbolt.errors import ConfigError
-    from agentbolt.trainer.job_config import TrainConfig, load_job_config
-
-    logging.basicConfig(level=logging.WARNING)
-    try:
-        job = load_job_config(config, list(set_ or []))
-        if isinstance(job, TrainConfig):
-            if checkpoint is None or resources is not None:
-                raise ConfigError(
-                    f"{config} is an RL job: score one of its checkpoints with --checkpoint OUT/checkpoints/step-N"
-                )
-            from agentbolt.trainer.checkpoint_eval import run_checkpoint_eval
-
-            _run_job(
-                run_checkpoint_eval(
-                    job, checkpoint=checkpoint, split=split, out_dir=out, overwrite=overwrite, console=console
-                )
-            )
-            return
-        if resources is None or checkpoint is not None:
-            raise ConfigError(f"{config} is a prompt-optimization job: name the prompt version with --resources rs-N")
-        from agentbolt.trainer.evaluate import run_eval
-
-        _run_job(run_eval(job, resources_id=resources, split=split, store_path=store, out_dir=out, console=console))
-    except (AgentboltError, ValidationError) as exc:
-        _fail(exc)
-
-
-@app.command()
-def plot(
-    summaries: list[Path] = typer.Argument(..., help="summary.json files written by agentbolt train / demo"),
-    out: Path = typer.Option(Path("reward_curves.png"), help="the PNG to write"),
-    label: str = typer.Option(
-        "advantage_estimator",
-        help="the summary field that names each curve (advantage_estimator, credit_assignment, async_rollouts), "
-        "or 'dir' for the run's folder name",
-    ),
-) -> None:
-    """Plot the train-reward curves of several runs in one figure (e.g. one run per advantage estimator)."""
-    import json
-
-    from agentbolt.trainer.plots import plot_reward_curves
-
-    runs: dict[str, list[float]] = {}
-    try:
-        for path in summaries:
-            try:
-                summary = json.loads(path.read_text())
-            except (OSError, ValueError) as exc:
-                raise AgentboltError(f"cannot read {path}: {exc}") from None
-            if not isinstance(summary, dict) or "train_reward" not in summary:
-                raise AgentboltError(f"{path} is not a summary.json of agentbolt train (no train_reward)")
-            name = path.parent.name if label == "dir" else str(summary.get(label, path.parent.name))
-            if name in runs:
-                name = f"{name} ({path.parent.name})"
-            runs[name] = [float(x) for x in summary["train_reward"]]
-            console.print(f"{name}: {[round(r, 3) for r in runs[name]]}")
-        plot_reward_curves(out, runs)
-    except AgentboltError as exc:
-        _fail(exc)
-    console.print(f"wrote {out}")
+app.command()(jobs.demo)
+app.command()(jobs.train)
+app.command(name="eval")(jobs.eval_)
+app.command()(jobs.plot)
 
 
 STORE_HELP = (
@@ -532,7 +331,7 @@ def export(
         )
         asyncio.run(run_export(config, token=token, console=console))
     except (AgentboltError, ValidationError) as exc:
-        _fail(exc)
+        fail(exc)
 
 
 @app.command()
@@ -563,59 +362,10 @@ def inspect(
     try:
         asyncio.run(main())
     except AgentboltError as exc:
-        _fail(exc)
+        fail(exc)
 
 
-@app.command(name="export-model")
-def export_model(
-    checkpoint: Path = typer.Argument(
-        ..., help="a checkpoint folder written by a training run: OUT/checkpoints/step-N"
-    ),
-    out: Path = typer.Option(..., help="the folder to write (a Hugging Face model folder)"),
-    gguf: bool = typer.Option(False, "--gguf", help="also write model.gguf for llama.cpp / Ollama (embedded models)"),
-    gguf_dtype: str = typer.Option("f16", help="weight type of the GGUF: f16 (widest support) or bf16 (bit-exact)"),
-    overwrite: bool = typer.Option(False, help="replace OUT if it exists and is not empty"),
-) -> None:
-    """Merge a checkpoint's LoRA adapter into its base model and write a model folder that plain transformers loads
-    (and, with --gguf, a GGUF for llama.cpp and Ollama): the weights the agent was served during training."""
-    from agentbolt.trainer.export_model import GGUF_FILE, export_merged_model
-
-    logging.basicConfig(level=logging.WARNING)
-    try:
-        with console.status(f"merging {checkpoint} into its base model"):
-            result = export_merged_model(
-                checkpoint,
-                out,
-                gguf=gguf,
-                gguf_dtype=gguf_dtype,  # type: ignore[arg-type]  # checked by export_merged_model
-                overwrite=overwrite,
-            )
-    except AgentboltError as exc:
-        _fail(exc)
-        return
-    console.print(
-        f"wrote {result.out_dir} ({result.size_bytes / 1e6:.0f} MB, {result.duration_s:.1f} s): {result.model} with "
-        f"the LoRA adapter of {result.checkpoint_dir} merged into {result.merged_tensors} weight matrices"
-    )
-    console.print("  " + ", ".join(result.files))
-    console.print("load it with transformers:")
-    console.print(
-        "  from transformers import AutoModelForCausalLM, AutoTokenizer\n"
-        f"  model = AutoModelForCausalLM.from_pretrained({str(result.out_dir)!r})\n"
-        f"  tokenizer = AutoTokenizer.from_pretrained({str(result.out_dir)!r})",
-        markup=False,
-        highlight=False,
-    )
-    if result.gguf_file is not None:
-        console.print(f"the GGUF ({result.gguf_dtype}): {result.gguf_file}")
-        console.print(f"  llama.cpp: llama-cli -m {result.gguf_file}", markup=False, highlight=False)
-        console.print(
-            f"  Ollama: a Modelfile with the line 'FROM {result.gguf_file}', then ollama create NAME -f Modelfile",
-            markup=False,
-            highlight=False,
-        )
-    else:
-        console.print(f"  (for llama.cpp / Ollama, export with --gguf: it adds {GGUF_FILE})", highlight=False)
+app.command(name="export-model")(jobs.export_model)
 
 
 if __name__ == "__main__":
