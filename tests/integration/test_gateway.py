@@ -295,6 +295,29 @@ def test_parallel_tool_calls_both_ways_record_the_generated_ids(backend: Any) ->
     serve(spy, test)
 
 
+def test_without_tools_the_text_is_the_answer_even_when_it_looks_like_a_call(backend: Any) -> None:
+    """The same few-shot conversation, asked without ``tools`` (as an agent's final "now answer" turn is): whatever
+    the model writes, ``<tool_call>`` blocks included, comes back as content, streamed or not, never as tool calls."""
+    spy = SpyBackend(backend)
+
+    async def test(at: Attempt) -> None:
+        client = at.client()
+        whole = await client.chat.completions.create(model="m", messages=TOOL_HISTORY, max_tokens=64, temperature=0)
+        text = backend.tokenizer.decode(spy.results[-1].response_token_ids, skip_special_tokens=True)
+        assert "<tool_call>" in text  # the few-shot makes SmolLM2 write calls even with no tools offered
+        assert whole.choices[0].message.tool_calls is None and whole.choices[0].finish_reason != "tool_calls"
+        assert whole.choices[0].message.content == text
+        stream = await client.chat.completions.create(
+            model="m", messages=TOOL_HISTORY, max_tokens=64, temperature=0, stream=True
+        )
+        chunks = [c async for c in stream]
+        assert not any(c.choices and c.choices[0].delta.tool_calls for c in chunks)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+        await client.close()
+
+    serve(spy, test)
+
+
 def test_n_choices_overflow_and_disconnect_on_the_real_model(backend: Any) -> None:
     import openai
 

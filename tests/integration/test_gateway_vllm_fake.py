@@ -285,15 +285,23 @@ def test_fake_vllm_ids_are_recorded_exactly_whole_and_streamed() -> None:
 
 @pytest.mark.parametrize("tool_parser", [False, True], ids=["tags-parsed-by-gateway", "vllm-tool-parser"])
 def test_fake_vllm_parallel_tool_calls_come_back_with_engine_ids(tool_parser: bool) -> None:
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
     async def test(gw: Gateway, fake: FakeVLLM, backend: VLLMBackend) -> None:
         client = gw.client()
-        whole = await client.chat.completions.create(model="x", messages=ASK, max_tokens=400)  # type: ignore[arg-type]
+        whole = await client.chat.completions.create(model="x", messages=ASK, tools=tools, max_tokens=400)  # type: ignore[arg-type]
         calls = whole.choices[0].message.tool_calls or []
         assert [json.loads(c.function.arguments) for c in calls] == [{"city": "Oslo"}, {"city": "Lima"}]  # type: ignore[union-attr]
         assert len({c.id for c in calls}) == 2 and whole.choices[0].finish_reason == "tool_calls"
         assert whole.choices[0].message.content == "Checking both."
 
-        stream = await client.chat.completions.create(model="x", messages=ASK, max_tokens=400, stream=True)  # type: ignore[arg-type]
+        stream = await client.chat.completions.create(
+            model="x",
+            messages=ASK,  # type: ignore[arg-type]
+            tools=tools,  # type: ignore[arg-type]
+            max_tokens=400,
+            stream=True,
+        )
         chunks = [c async for c in stream]
         assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Checking both."
         streamed = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]

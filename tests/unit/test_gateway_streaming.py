@@ -86,7 +86,7 @@ def test_plain_text_is_sent_as_it_comes() -> None:
 
 def test_chunks_and_completions_validate_as_openai_types() -> None:
     result = GenerationResult([1, 2], [3, 4, 0], [-0.1, -0.2, -0.3], f"ok <tool_call>{CALL}</tool_call>", "stop", "v1")
-    content, calls = assistant_message(result)
+    content, calls = assistant_message(result, frozenset({"lookup"}))
     assert content == "ok" and len(calls) == 1
     completion = completion_body(
         response_id="chatcmpl-1",
@@ -114,7 +114,7 @@ def test_chunks_and_completions_validate_as_openai_types() -> None:
 def test_remote_tool_calls_pass_through_with_ids() -> None:
     remote = [{"type": "function", "function": {"name": "f", "arguments": "{}"}}]
     result = GenerationResult([], [], [], "", "tool_calls", "v", tool_calls=remote, trainable=False)
-    content, calls = assistant_message(result)
+    content, calls = assistant_message(result, frozenset())
     assert content is None and calls[0]["id"].startswith("call_") and calls[0]["function"]["name"] == "f"
 
 
@@ -182,3 +182,21 @@ def test_chunks_add_up_and_sse_events_are_parsed() -> None:
     ]
     with pytest.raises(UpstreamError, match="mid-stream: boom"):
         acc.add({"error": {"message": "boom"}}, "srv")
+
+
+def test_no_tools_offered_means_no_tool_call_and_nothing_held_back() -> None:
+    """An answer in JSON to a request without tools is the answer (issue: a JSON answer came back as a call named
+    "Ada Lovelace"), and a call of a function the request did not declare stays content."""
+    answer = '{"name": "Ada Lovelace", "arguments": ["analytical engine"]}'
+    result = GenerationResult([1], [2], [-0.1], answer, "stop", "v1")
+    assert assistant_message(result, frozenset()) == (answer, [])
+    assert assistant_message(result, frozenset({"lookup"})) == (answer, [])  # "Ada Lovelace" is not declared
+    tagged = GenerationResult([1], [2], [-0.1], f"<tool_call>{CALL}</tool_call>", "stop", "v1")
+    assert assistant_message(tagged, frozenset())[1] == []
+    assert len(assistant_message(tagged, frozenset({"lookup"}))[1]) == 1
+    hold = ContentHoldBack(tools_offered=False)
+    assert [hold.feed(p) for p in ['{"name"', ': "Ada"} ', "<tool_call>"]] == ['{"name"', ': "Ada"} ', "<tool_call>"]
+    assert hold.finish('{"name": "Ada"} <tool_call>', '{"name": "Ada"} <tool_call>', []) == (
+        "",
+        '{"name": "Ada"} <tool_call>',
+    )

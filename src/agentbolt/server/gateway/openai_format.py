@@ -126,9 +126,14 @@ def error_response(info: ErrorInfo) -> JSONResponse:
     return JSONResponse(status_code=info.status, content=error_body(info))
 
 
-def assistant_message(result: GenerationResult) -> tuple[str | None, list[ToolCall]]:
+def assistant_message(result: GenerationResult, tool_names: frozenset[str]) -> tuple[str | None, list[ToolCall]]:
     """``(content, tool_calls)`` of the assistant message for ``result``: the calls a remote server already parsed,
-    else those written in the text (:func:`~agentbolt.server.gateway.toolcalls.parse_tool_calls`)."""
+    else the calls of the functions the request declared (``tool_names``) written in the text
+    (:func:`~agentbolt.server.gateway.toolcalls.parse_tool_calls`). A request that offered no tools gets the text as
+    content, whatever it looks like: an answer in JSON such as ``{"name": "Ada", "arguments": [...]}`` is an answer,
+    not a call."""
+    if not tool_names and not result.tool_calls:
+        return (result.text or None), []
     if result.tool_calls:
         calls = [dict(call) for call in result.tool_calls]
         for call in calls:
@@ -136,7 +141,7 @@ def assistant_message(result: GenerationResult) -> tuple[str | None, list[ToolCa
             if not call.get("id"):
                 call["id"] = f"call_{uuid.uuid4().hex[:24]}"
         return (result.text or None), calls
-    return parse_tool_calls(result.text)
+    return parse_tool_calls(result.text, tool_names)
 
 
 def finish_reason(result: GenerationResult, has_tool_calls: bool) -> str:

@@ -12,7 +12,8 @@ the gateway stores what it got.
 - Tool calls both ways: incoming assistant ``tool_calls`` (several, ``content`` null or absent) and ``role: tool``
   messages go to the backend's chat template as they are; tool calls the model writes (Qwen/Hermes
   ``<tool_call>`` tags, several in one answer, or a bare JSON call) come back as OpenAI ``tool_calls`` with unique
-  ids (:mod:`agentbolt.server.gateway.toolcalls`).
+  ids (:mod:`agentbolt.server.gateway.toolcalls`), only when the request offered ``tools`` and only for the functions
+  it declared; otherwise the text is the content, JSON or not.
 - Any model name is accepted and served by the backend's model (the name asked for is recorded).
 - Agent names: a ``x-agentbolt-agent`` request header is recorded as ``agentbolt.agent.name`` on the call's spans,
   and a W3C ``traceparent`` header makes them children of the caller's span (its trace id and parent span id), so
@@ -62,6 +63,7 @@ from agentbolt.server.gateway.recording import REASON_NOT_DELIVERED, CallRecorde
 from agentbolt.server.gateway.sampling import Sampling, requested_sampling, resolve_sampling
 from agentbolt.server.gateway.streaming import SessionResponse, StreamSession
 from agentbolt.server.gateway.swap import WeightSwapGate
+from agentbolt.server.gateway.toolcalls import declared_tool_names
 from agentbolt.store.base import LightningStore
 from agentbolt.types import TERMINAL_ATTEMPT_STATUSES, TERMINAL_ROLLOUT_STATUSES, Attempt, Span
 
@@ -123,7 +125,7 @@ def _generation_requests(body: ChatCompletionBody, sampling: Sampling) -> list[G
 
 
 def _failed_call_spans(
-    recorder: CallRecorder, outcomes: list[GenerationResult | BaseException]
+    recorder: CallRecorder, outcomes: list[GenerationResult | BaseException], tool_names: frozenset[str]
 ) -> tuple[ErrorInfo, list[Span]]:
     """Spans of a request in which some choice failed: ERROR spans for the failures; the choices that did generate
     are recorded too but never delivered, so not trainable. Returns the error to answer with (the first one)."""
@@ -136,7 +138,7 @@ def _failed_call_spans(
         if isinstance(outcome, BaseException):
             spans.append(recorder.error_span(index, error_info(outcome), outcome))
         else:
-            content, tool_calls = assistant_message(outcome)
+            content, tool_calls = assistant_message(outcome, tool_names)
             finish = finish_reason(outcome, bool(tool_calls))
             message = message_body(content, tool_calls)
             spans.append(
@@ -205,29 +207,29 @@ async def chat_completions(rollout_id: str, attempt_id: str, body: ChatCompletio
         parent=_traceparent(request.headers.get("traceparent")),
     )
     if held is not None:  # the weight swap outlasted the gate's hold limit
-        answer, spans = _failed_call_spans(recorder, [held] * len(requests))
+        answer, spans = _failed_call_spans(recorder, [held] * len(requests), declared_tool_names(body.tools))
         await recorder.record(spans)
         return error_response(answer)
 
     if body.stream:
         return await _serve_stream(recorder, backend, requests, body)
-    return await _serve_whole(recorder, backend, requests)
+    return await _serve_whole(recorder, backend, requests, declared_tool_names(body.tools))
 
 
 async def _serve_whole(
-    recorder: CallRecorder, backend: InferenceBackend, requests: list[GenerationRequest]
+    recorder: CallRecorder, backend: InferenceBackend, requests: list[GenerationRequest], tool_names: frozenset[str]
 ) -> Response:
     outcomes: list[GenerationResult | BaseException] = list(
         await asyncio.gather(*(backend.generate(r) for r in requests), return_exceptions=True)
     )
     if any(isinstance(o, BaseException) for o in outcomes):
-        answer, spans = _failed_call_spans(recorder, outcomes)
+        answer, spans = _failed_call_spans(recorder, outcomes, tool_names)
         await recorder.record(spans)
         return error_response(answer)
     results = [o for o in outcomes if isinstance(o, GenerationResult)]
     choices: list[tuple[GenerationResult, dict[str, Any], str]] = []
     for result in results:
-        content, tool_calls = assistant_message(result)
+        content, tool_calls = assistant_message(result, tool_names)
         choices.append((result, message_body(content, tool_calls), finish_reason(result, bool(tool_calls))))
     await recorder.record([recorder.result_span(index, *choice) for index, choice in enumerate(choices)])
     body = completion_body(
@@ -255,12 +257,18 @@ async def _serve_stream(
                 outcomes.append(await stream.result())
             except Exception as exc:
                 outcomes.append(exc)
-        answer, spans = _failed_call_spans(recorder, outcomes)
+        answer, spans = _failed_call_spans(recorder, outcomes, declared_tool_names(body.tools))
         await recorder.record(spans)
         return error_response(answer)
     streams = [s for s in started if not isinstance(s, BaseException)]
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    session = StreamSession(recorder, streams, model=backend.model_name, include_usage=include_usage)
+    session = StreamSession(
+        recorder,
+        streams,
+        model=backend.model_name,
+        include_usage=include_usage,
+        tool_names=declared_tool_names(body.tools),
+    )
     session.start()
     return SessionResponse(session)
 
@@ -298,8 +306,9 @@ async def plain_chat_completions(body: ChatCompletionBody, request: Request) -> 
     if failed is not None:
         return error_response(error_info(failed))
     choices: list[tuple[GenerationResult, dict[str, Any], str]] = []
+    tool_names = declared_tool_names(body.tools)
     for result in [o for o in outcomes if isinstance(o, GenerationResult)]:
-        content, tool_calls = assistant_message(result)
+        content, tool_calls = assistant_message(result, tool_names)
         choices.append((result, message_body(content, tool_calls), finish_reason(result, bool(tool_calls))))
     body_out = completion_body(
         response_id=f"chatcmpl-{uuid.uuid4().hex[:24]}",

@@ -61,14 +61,16 @@ class ContentHoldBack:
 
     Held back: leading and trailing whitespace (the parser strips it around tool calls); everything from the first
     ``<tool_call>`` on, and a trailing piece that could be its beginning (``<tool``); and the whole message while
-    it starts with ``{``, ``[`` or a backquote (it may be a bare JSON call). What is sent is always a prefix of
+    it starts with ``{``, ``[`` or a backquote (it may be a bare JSON call); nothing when the request offered no
+    tools (``tools_offered=False``: no call will be parsed). What is sent is always a prefix of
     the text. :meth:`finish` gives what remains to send once the message is parsed, so that the sent pieces add
     up to the content returned by a non-streamed call (surrounding whitespace aside).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, tools_offered: bool = True) -> None:
         self._text = ""
         self._sent = 0
+        self._hold = tools_offered
 
     def feed(self, delta: str) -> str:
         """Add ``delta`` to the text; return the content that may be sent now (possibly ``""``)."""
@@ -104,6 +106,8 @@ class ContentHoldBack:
 
     def _safe_end(self) -> int:
         text = self._text
+        if not self._hold:  # no tools offered: the text is content as it comes
+            return len(text)
         stripped = text.lstrip()
         if not stripped:
             return self._sent
@@ -135,6 +139,7 @@ class StreamSession:
         streams: one started generation stream per choice, in choice order.
         model: the served model name put in every chunk.
         include_usage: send the usage chunk before ``[DONE]``.
+        tool_names: the functions the request declared (empty: no tools offered, nothing is parsed as a call).
     """
 
     def __init__(
@@ -144,7 +149,9 @@ class StreamSession:
         *,
         model: str,
         include_usage: bool,
+        tool_names: frozenset[str],
     ) -> None:
+        self._tool_names = tool_names
         self._recorder = recorder
         self._streams = streams
         self._model = model
@@ -243,7 +250,7 @@ class StreamSession:
 
     async def _pump(self, index: int, stream: GenerationStream) -> tuple[GenerationResult, dict[str, Any], str]:
         """Send choice ``index`` as it is generated; return ``(result, message as received, finish_reason)``."""
-        hold = ContentHoldBack()
+        hold = ContentHoldBack(tools_offered=bool(self._tool_names))
         self._send(self._chunk(index, {"role": "assistant", "content": ""}))
         try:
             async for delta in stream.text_deltas():
@@ -255,7 +262,7 @@ class StreamSession:
             for other in self._streams:  # the request fails as a whole: stop the other choices
                 other.cancel()
             raise
-        content, tool_calls = assistant_message(result)
+        content, tool_calls = assistant_message(result, self._tool_names)
         rest, received = hold.finish(result.text, content, tool_calls)
         if rest:
             self._send(self._chunk(index, {"content": rest}))

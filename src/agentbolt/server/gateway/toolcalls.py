@@ -11,9 +11,10 @@ forms are recognized:
    them, optionally inside one ```` ```json ```` fence. Prose plus JSON is NOT a tool call: the text stays content
    (a model that explains a JSON format must not trigger a call).
 
-A block whose JSON is malformed, or is not an object with a string ``name``, is not a tool call: its text stays in
-the content unchanged. Bare objects also need an ``arguments`` key, so an answer such as ``{"name": "Ada"}`` stays
-content. ``parameters`` is accepted as another spelling of ``arguments``.
+A block whose JSON is malformed, is not an object with a string ``name``, or names a function the request did not
+declare (when ``names`` is given), is not a tool call: its text stays in the content unchanged. Bare objects also
+need an ``arguments`` key, so an answer such as ``{"name": "Ada"}`` stays content. ``parameters`` is accepted as
+another spelling of ``arguments``.
 
 ``arguments`` comes out as a JSON string, as in OpenAI's API: an object is serialized (``ensure_ascii=False``), a
 string is passed through unchanged, a missing value becomes ``"{}"``.
@@ -24,6 +25,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Collection
 from typing import Any
 
 _TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.DOTALL)
@@ -33,11 +35,13 @@ ToolCall = dict[str, Any]
 """``{"id": "call_<hex>", "type": "function", "function": {"name": str, "arguments": str}}``."""
 
 
-def parse_tool_calls(text: str) -> tuple[str | None, list[ToolCall]]:
+def parse_tool_calls(text: str, names: Collection[str] | None = None) -> tuple[str | None, list[ToolCall]]:
     """Split generated ``text`` into message content and OpenAI tool calls.
 
     Args:
         text: the decoded response (special tokens already skipped).
+        names: the functions the request declared in ``tools``; a call of any other name is content. ``None``: any
+            name (the gateway always passes the declared ones; with no tools offered it does not parse at all).
 
     Returns:
         ``(content, tool_calls)``. ``content`` is the text left once the parsed calls are removed, stripped, or
@@ -45,21 +49,21 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[ToolCall]]:
         ``tool_calls`` is in order of appearance, each with a fresh random ``call_<24 hex>`` id.
     """
     if "<tool_call>" in text:
-        content, calls = _parse_tagged(text)
+        content, calls = _parse_tagged(text, names)
         if calls:
             return content, calls
-    calls = _parse_bare(text)
+    calls = _parse_bare(text, names)
     if calls:
         return None, calls
     return (text or None), []
 
 
-def _parse_tagged(text: str) -> tuple[str | None, list[ToolCall]]:
+def _parse_tagged(text: str, names: Collection[str] | None) -> tuple[str | None, list[ToolCall]]:
     calls: list[ToolCall] = []
     kept: list[str] = []
     position = 0
     for match in _TAGGED.finditer(text):
-        call = _to_tool_call(_loads(match.group(1)), require_arguments=False)
+        call = _to_tool_call(_loads(match.group(1)), require_arguments=False, names=names)
         if call is None:
             continue  # malformed: the block stays in the content
         kept.append(text[position : match.start()])
@@ -70,7 +74,7 @@ def _parse_tagged(text: str) -> tuple[str | None, list[ToolCall]]:
     return (content or None), calls
 
 
-def _parse_bare(text: str) -> list[ToolCall]:
+def _parse_bare(text: str, names: Collection[str] | None) -> list[ToolCall]:
     body = text.strip()
     fenced = _FENCE.fullmatch(body)
     if fenced is not None:
@@ -84,7 +88,7 @@ def _parse_bare(text: str) -> list[ToolCall]:
         values = values[0]
     calls: list[ToolCall] = []
     for value in values:
-        call = _to_tool_call(value, require_arguments=True)
+        call = _to_tool_call(value, require_arguments=True, names=names)
         if call is None:
             return []  # all or nothing: a message that is partly something else is content
         calls.append(call)
@@ -115,11 +119,11 @@ def _loads_sequence(body: str) -> list[Any] | None:
     return values
 
 
-def _to_tool_call(value: Any, *, require_arguments: bool) -> ToolCall | None:
+def _to_tool_call(value: Any, *, require_arguments: bool, names: Collection[str] | None) -> ToolCall | None:
     if not isinstance(value, dict):
         return None
     name = value.get("name")
-    if not isinstance(name, str) or not name:
+    if not isinstance(name, str) or not name or (names is not None and name not in names):
         return None
     key = "arguments" if "arguments" in value else "parameters" if "parameters" in value else None
     if key is None and require_arguments:
@@ -136,3 +140,15 @@ def _to_tool_call(value: Any, *, require_arguments: bool) -> ToolCall | None:
         "type": "function",
         "function": {"name": name, "arguments": arguments_json},
     }
+
+
+def declared_tool_names(tools: list[dict[str, Any]] | None) -> frozenset[str]:
+    """The function names a request's ``tools`` declare (``{"type": "function", "function": {"name": ...}}``, or a
+    bare ``{"name": ...}``); empty when it offers none."""
+    names: set[str] = set()
+    for tool in tools or []:
+        function = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        name = function.get("name") if isinstance(function, dict) else None
+        if isinstance(name, str) and name:
+            names.add(name)
+    return frozenset(names)
