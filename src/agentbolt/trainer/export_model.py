@@ -249,24 +249,15 @@ def _read_checkpoint(checkpoint: Path) -> tuple[str, Path]:
 def _remove_dead_work_folders(out: Path) -> list[Path]:
     """Delete the temporary folders that exports into ``out`` killed before they finished left beside it
     (``.tmp-NAME-PID-*`` whose process is gone); return them."""
+    import psutil
+
     removed = []
     for folder in out.parent.glob(f"{_TMP_PREFIX}{out.name}-*"):
         pid = folder.name[len(f"{_TMP_PREFIX}{out.name}-") :].split("-", 1)[0]
-        if folder.is_dir() and pid.isdigit() and not _alive(int(pid)):
+        if folder.is_dir() and pid.isdigit() and not psutil.pid_exists(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (this user's or another's)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _check_out_dir(out: Path, *, overwrite: bool, sources: tuple[Path, ...]) -> None:
