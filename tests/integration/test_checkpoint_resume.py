@@ -346,3 +346,36 @@ def test_a_damaged_checkpoint_is_named(tmp_path: Path, smollm2_dir: Path) -> Non
         target.write_bytes(target.read_bytes()[:100])
         with pytest.raises(ConfigError, match="damaged.*delete that folder"):
             trainer.load_state(folder)
+
+
+def test_ctrl_c_stops_the_job_cleanly_and_names_the_resume_command(tmp_path: Path, smollm2_dir: Path) -> None:
+    """Ctrl-C in a terminal sends SIGINT to the whole process group (the job and its runner processes): the job
+    stops with exit code 130 and prints the command that resumes it; no process prints a traceback."""
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(CONFIG)
+    out = tmp_path / "run"
+    env = {**os.environ, "AGENTBOLT_CACHE": str(smollm2_dir.parent.parent), "COLUMNS": "300"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentbolt.cli.main", "train", str(config_path), "--out", str(out)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )
+    try:
+        _wait_for(
+            lambda: _rows(out / "store.db", "SELECT COUNT(*) FROM rollouts WHERE status = 'running'")[0][0] > 0,
+            240,
+            proc,
+            "a running rollout",
+        )
+        os.killpg(proc.pid, signal.SIGINT)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = output.decode()
+    assert proc.returncode == 130, text
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
+    assert f"--out {out} --resume" in " ".join(text.split())

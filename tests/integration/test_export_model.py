@@ -133,8 +133,7 @@ def trained(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Trai
                 if "lora_B" in name:
                     param.copy_(torch.randn(param.shape, generator=generator) * LORA_B_STD)
         checkpoint = save_adapter(policy, tmp_path_factory.mktemp("run") / "checkpoints" / "step-3")
-        info = {"format": 1, "step": 3, "model": "smollm2-135m", "base_model_dir": str(smollm2_dir)}
-        (checkpoint / "checkpoint.json").write_text(json.dumps(info))
+        (checkpoint / "checkpoint.json").write_text(_checkpoint_json("smollm2-135m", smollm2_dir))
         load_weights(backend.model, merged_lora_weights(policy))  # what the trainer does after an update
         served = _serve_one_by_one(backend)
         stop_ids = list(backend.stop_token_ids)
@@ -311,6 +310,10 @@ def test_refuses_an_existing_folder_without_overwrite(trained: Trained, tmp_path
     with pytest.raises(ConfigError, match="would replace"):
         export_merged_model(trained.checkpoint, trained.checkpoint.parent, overwrite=True)
     assert (trained.checkpoint / "checkpoint.json").is_file()
+    for inside in (trained.checkpoint / "model", trained.checkpoint.parent / "model"):  # pruned or replaced later
+        with pytest.raises(ConfigError, match="is inside"):
+            export_merged_model(trained.checkpoint, inside)
+        assert not inside.exists()
 
 
 def test_refuses_gguf_for_a_model_directory(trained: Trained, smollm2_dir: Path, tmp_path: Path) -> None:
@@ -323,13 +326,29 @@ def test_refuses_gguf_for_a_model_directory(trained: Trained, smollm2_dir: Path,
             (own_model / path.name).symlink_to(path)
     checkpoint = tmp_path / "step-1"
     shutil.copytree(trained.checkpoint, checkpoint)
-    (checkpoint / "checkpoint.json").write_text(json.dumps({"model": str(own_model), "base_model_dir": str(own_model)}))
+    (checkpoint / "checkpoint.json").write_text(_checkpoint_json(str(own_model), own_model))
 
     with pytest.raises(ConfigError, match="convert_hf_to_gguf"):
         export_merged_model(checkpoint, tmp_path / "out", gguf=True)
     cli = _cli(["export-model", str(checkpoint), "--out", str(tmp_path / "out"), "--gguf"])
     assert cli.exit_code == 2 and "is a model directory" in cli.output
     assert not (tmp_path / "out").exists()
+
+
+def _checkpoint_json(model: str, base_model_dir: Path, step: int = 3) -> str:
+    """A ``checkpoint.json`` as ``agentbolt train`` writes it (the loop and job states left empty)."""
+    info = {
+        "format": 1,
+        "step": step,
+        "model": model,
+        "base_model_dir": str(base_model_dir),
+        "model_version": f"step-{step}",
+        "created_at": 0.0,
+        "loop": {},
+        "job": {},
+        "metrics": [],
+    }
+    return json.dumps(info)
 
 
 def _cli(args: list[str]) -> Result:

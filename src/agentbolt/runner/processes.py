@@ -11,6 +11,7 @@ import importlib
 import logging
 import multiprocessing as mp
 import os
+import signal
 import sys
 import threading
 import time
@@ -40,7 +41,10 @@ def load_agent(reference: str) -> LitAgent:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigError(f"cannot import agent module {module_name!r}: {exc}") from exc
+        raise ConfigError(
+            f"cannot import agent module {module_name!r}: {exc}; run agentbolt from the folder that holds "
+            f"{module_name.split('.')[0]!r}, or add that folder to PYTHONPATH"
+        ) from exc
     obj = getattr(module, attr, None)
     if obj is None:
         raise ConfigError(f"module {module_name!r} has no attribute {attr!r}")
@@ -80,6 +84,9 @@ def _runner_main(
     instrument: bool | list[str] = True,
     parent_pid: int | None = None,
 ) -> None:
+    # Ctrl-C in a terminal reaches the whole process group; the parent job stops its runners itself (``stop``), so a
+    # runner ignores SIGINT instead of dying with a KeyboardInterrupt traceback in the user's terminal.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     orphaned = threading.Event()
     if parent_pid is not None:
         threading.Thread(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import logging
 import socket
 from collections.abc import AsyncIterator, Iterator
 
@@ -12,6 +13,8 @@ import uvicorn
 from fastapi import FastAPI
 
 from agentbolt.errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 
 def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
@@ -53,15 +56,24 @@ async def serve_in_background(app: FastAPI, host: str = "127.0.0.1", port: int =
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30, proxy_headers=False)
     server = _QuietServer(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.02)
-    bound_port = sock.getsockname()[1]
     try:
+        # Inside the try: a cancellation while the server starts (Ctrl-C delivered once a model load gave the loop
+        # back) still shuts it down, instead of leaving it to be killed mid-lifespan when the loop closes.
+        while not server.started:
+            if task.done():
+                task.result()
+            await asyncio.sleep(0.02)
+        bound_port = sock.getsockname()[1]
         yield f"http://{host}:{bound_port}"
     finally:
         server.should_exit = True
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, timeout=10)
+        try:
+            await asyncio.wait_for(asyncio.shield(task), timeout=10)
+        except TimeoutError:  # requests still running (a long generation): stop without waiting for them
+            logger.warning("the server did not stop within 10 s (requests still running); closing it now")
+            server.force_exit = True
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(task, timeout=5)
+        except asyncio.CancelledError:
+            task.cancel()
         sock.close()

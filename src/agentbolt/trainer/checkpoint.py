@@ -36,6 +36,7 @@ import functools
 import json
 import os
 import shutil
+import stat
 import statistics
 import time
 from collections.abc import Callable
@@ -203,6 +204,15 @@ def remove_partial(out_dir: Path) -> list[Path]:
     return removed
 
 
+def make_readable(folder: Path) -> None:
+    """Give every file in ``folder`` the mode a new file gets (``0o666`` less the umask, read off the folder's own
+    mode, which ``mkdir`` set from it): transformers and safetensors write the weights 0600."""
+    mode = stat.S_IMODE(folder.stat().st_mode) & 0o666
+    for path in folder.iterdir():
+        if path.is_file():
+            path.chmod(mode)
+
+
 def _fsync_tree(folder: Path) -> None:
     """Flush every file of ``folder`` and the folder itself to disk."""
     for item in folder.iterdir():
@@ -263,6 +273,7 @@ def write_checkpoint(
         (tmp / CONFIG_FILE).write_text(config_yaml)
         data = {"format": FORMAT_VERSION, "step": step, "created_at": time.time(), **meta}
         (tmp / CHECKPOINT_FILE).write_text(json.dumps(data, indent=2))
+        make_readable(tmp)
         _fsync_tree(tmp)
         os.rename(tmp, final)
         _fsync_dir(root)

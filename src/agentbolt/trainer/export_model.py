@@ -36,7 +36,6 @@ import json
 import logging
 import os
 import shutil
-import stat
 import tempfile
 import time
 import warnings
@@ -46,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 from agentbolt.algorithms.rl.adapter_files import check_adapter_files
 from agentbolt.errors import ConfigError
-from agentbolt.trainer.checkpoint import read_checkpoint
+from agentbolt.trainer.checkpoint import CHECKPOINTS_DIR, make_readable, read_checkpoint
 
 if TYPE_CHECKING:
     import numpy as np
@@ -150,7 +149,8 @@ def export_merged_model(
     checkpoint = Path(checkpoint_dir).expanduser().resolve()
     model, base_dir = _read_checkpoint(checkpoint)
     out = Path(out_dir).expanduser().resolve()
-    _check_out_dir(out, overwrite=overwrite, sources=(checkpoint, base_dir))
+    run_checkpoints = (checkpoint.parent,) if checkpoint.parent.name == CHECKPOINTS_DIR else ()
+    _check_out_dir(out, overwrite=overwrite, sources=(checkpoint, *run_checkpoints, base_dir))
     source_spec = _gguf_source_spec(model, base_dir) if gguf else None
     if gguf and source_spec is None:
         raise ConfigError(
@@ -178,7 +178,7 @@ def export_merged_model(
             "created_at": time.time(),
         }
         (staged / EXPORT_INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
-        _make_readable(staged)
+        make_readable(staged)
         replaced = work / "replaced"
         if out.exists():  # empty, or overwrite: move it aside, removed with the temporary folder
             out.rename(replaced)
@@ -206,15 +206,6 @@ def export_merged_model(
     )
     logger.info("exported %s to %s in %.1f s", checkpoint, out, result.duration_s)
     return result
-
-
-def _make_readable(folder: Path) -> None:
-    """Give every file in ``folder`` the mode a new file gets (``0o666`` less the umask, read off the folder's own
-    mode, which ``mkdir`` set from it): transformers writes the weights 0600."""
-    mode = stat.S_IMODE(folder.stat().st_mode) & 0o666
-    for path in folder.iterdir():
-        if path.is_file():
-            path.chmod(mode)
 
 
 def _read_checkpoint(checkpoint: Path) -> tuple[str, Path]:
@@ -265,12 +256,17 @@ def _check_out_dir(out: Path, *, overwrite: bool, sources: tuple[Path, ...]) -> 
     for source in sources:
         if out == source or out in source.parents:
             raise ConfigError(f"--out {out} would replace {source}, which the export reads; choose another folder")
+        if source in out.parents:
+            raise ConfigError(
+                f"--out {out} is inside {source}, which the run may delete (checkpoints are pruned) or the export "
+                "reads; choose a folder outside it, e.g. OUT/model"
+            )
     if not out.exists():
         return
     if not out.is_dir():
         raise ConfigError(f"--out {out} is a file; choose a folder")
     if any(out.iterdir()) and not overwrite:
-        raise ConfigError(f"{out} exists and is not empty; pass --overwrite (overwrite=True) to replace it")
+        raise ConfigError(f"{out} exists and is not empty; pass --overwrite to replace it")
 
 
 def _write_hf_folder(checkpoint: Path, base_dir: Path, target: Path) -> tuple[dict[str, torch.Tensor], Any, int]:

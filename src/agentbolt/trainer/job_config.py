@@ -175,7 +175,7 @@ def load_tasks_module(name: str) -> Any:
         hint = (
             "; the calc example lives in examples/calc_agent: run from the root of a clone of the agentbolt repository"
             if name.startswith("examples.")
-            else ""
+            else f"; run agentbolt from the folder that holds {name.split('.')[0]!r}, or add that folder to PYTHONPATH"
         )
         raise ConfigError(f"cannot import the tasks module {name!r} ({exc}){hint}") from exc
     for function in ("load_train_tasks", "load_val_sets"):
