@@ -49,6 +49,7 @@ from agentbolt.config import GRPOConfig
 from agentbolt.errors import ConfigError
 from agentbolt.server.gateway.swap import WeightSwapGate
 from agentbolt.store.base import EnqueueRequest, LightningStore
+from agentbolt.trainer.memory import release_freed_memory
 from agentbolt.trainer.trained_record import record_trained_batch
 from agentbolt.types import (
     LLM,
@@ -255,6 +256,8 @@ class RLTrainer:
         free, each thread's arena kept its own freed blocks and the process grew step after step (measured,
         SmolLM2-135M, 5 steps: peak RSS 4.8, 8.1, 8.7, 8.9, 9.0 GB on the pool; 4.6, 5.1, 5.3, 5.6 GB with
         ``MALLOC_ARENA_MAX=2``; Qwen2.5-0.5B reached 21 GB at step 3 and was killed by the OOM killer at step 4).
+        After each update the freed heap pages go back to the system
+        (:func:`~agentbolt.trainer.memory.release_freed_memory`).
         """
         if self._update_executor is None:
             self._update_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentbolt-update")
@@ -522,6 +525,7 @@ class RLTrainer:
         else:
             stats = dict(await self.on_update_thread(self._updater().train_step, batch.samples))
         swap_s = await self.swap_weights(f"step-{train_step}")
+        await self.on_update_thread(release_freed_memory)  # the update's activations, back to the system
         if self.sync_weights is not None:
             stats["weight_sync_s"] = swap_s
         if gae_s:
