@@ -96,6 +96,18 @@ def _rows(db: Path, sql: str) -> list[tuple[Any, ...]]:
         conn.close()
 
 
+def _start_train(config_path: Path, out: Path, env: dict[str, str], **popen: Any) -> subprocess.Popen[bytes]:
+    """``agentbolt train CONFIG --out OUT`` as a real process, stdout and stderr together in a pipe."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "agentbolt.cli.main", "train", str(config_path), "--out", str(out)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        **popen,
+    )
+
+
 def _wait_for(predicate: Any, timeout_s: float, proc: subprocess.Popen[bytes], what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -125,13 +137,7 @@ def test_sigkill_mid_step_then_resume(tmp_path: Path, smollm2_dir: Path, monkeyp
     out = tmp_path / "run"
     db = out / "store.db"
     env = {**os.environ, "AGENTBOLT_CACHE": str(cache)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentbolt.cli.main", "train", str(config_path), "--out", str(out)],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    proc = _start_train(config_path, out, env)
     try:
         step1 = out / "checkpoints" / "step-1" / "checkpoint.json"
         _wait_for(step1.is_file, 240, proc, "checkpoint step-1")
@@ -355,14 +361,7 @@ def test_ctrl_c_stops_the_job_cleanly_and_names_the_resume_command(tmp_path: Pat
     config_path.write_text(CONFIG)
     out = tmp_path / "run"
     env = {**os.environ, "AGENTBOLT_CACHE": str(smollm2_dir.parent.parent), "COLUMNS": "300"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentbolt.cli.main", "train", str(config_path), "--out", str(out)],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # its own process group, as a terminal's foreground job
-    )
+    proc = _start_train(config_path, out, env, start_new_session=True)  # its own process group, as in a terminal
     try:
         _wait_for(
             lambda: _rows(out / "store.db", "SELECT COUNT(*) FROM rollouts WHERE status = 'running'")[0][0] > 0,
