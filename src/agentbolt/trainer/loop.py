@@ -39,7 +39,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, cast
 
-from agentbolt.adapter import build_trajectory
 from agentbolt.adapter.lightning_rl import FinishedRollout, LightningRL
 from agentbolt.adapter.samples import TrainingSample
 from agentbolt.adapter.staleness import StalenessReport
@@ -58,8 +57,6 @@ from agentbolt.types import (
     RolloutConfig,
     RolloutMode,
     RolloutStatus,
-    Trajectory,
-    Transition,
 )
 
 logger = logging.getLogger(__name__)
@@ -354,6 +351,20 @@ class RLTrainer:
         metadata: dict[str, Any] | None = None,
     ) -> list[Rollout]:
         """Enqueue every task ``repeats`` times and wait until all are terminal."""
+        ids = await self._enqueue(tasks, mode, resources_id, repeats=repeats, metadata=metadata)
+        return await self._wait_all(ids, on_progress)
+
+    async def _enqueue(
+        self,
+        tasks: Sequence[dict[str, Any]],
+        mode: RolloutMode,
+        resources_id: str,
+        *,
+        repeats: int,
+        metadata: dict[str, Any] | None = None,
+    ) -> list[str]:
+        """Enqueue every task ``repeats`` times under ``resources_id`` with the run's attempt settings; return the
+        rollout ids (metadata: the task's ``task_id``, or its index, and ``metadata``)."""
         cfg = RolloutConfig(max_attempts=self.config.max_attempts, timeout_seconds=self.config.rollout_timeout_s)
         requests = [
             EnqueueRequest(
@@ -366,36 +377,16 @@ class RLTrainer:
             for i, task in enumerate(tasks)
             for _ in range(repeats)
         ]
-        rollouts = await self.store.enqueue_many(requests)
-        ids = [r.rollout_id for r in rollouts]
-        total = len(ids)
+        return [r.rollout_id for r in await self.store.enqueue_many(requests)]
+
+    async def _wait_all(self, ids: list[str], on_progress: ProgressCallback | None) -> list[Rollout]:
+        """Wait until every rollout of ``ids`` is terminal, reporting ``(finished, total)`` each second."""
         while True:
             done = await self.store.wait_for_rollouts(ids, timeout_s=1.0)
             if on_progress is not None:
-                on_progress(len(done), total)
-            if len(done) == total:
+                on_progress(len(done), len(ids))
+            if len(done) == len(ids):
                 return done
-
-    async def trajectory_of(self, rollout: Rollout) -> Trajectory | None:
-        """Build the trajectory of the rollout's last attempt, keeping only the calls of agents matching
-        ``agent_match`` (``None`` if it never ran)."""
-        selected = await self.selected_trajectory(rollout)
-        return None if selected is None else selected[0]
-
-    async def selected_trajectory(self, rollout: Rollout) -> tuple[Trajectory, list[Transition]] | None:
-        """The trajectory of the rollout's last attempt under ``agent_match``, and the trainable transitions that
-        ``agent_match`` left out (``None`` if the rollout never ran)."""
-        attempts = await self.store.query_attempts(rollout.rollout_id)
-        if not attempts:
-            return None
-        last = attempts[-1]
-        spans = await self.store.query_spans(rollout.rollout_id, last.attempt_id)
-        trajectory = build_trajectory(rollout, last.attempt_id, spans, agent_match=self.agent_match)
-        if self.agent_match is None:
-            return trajectory, []
-        everything = build_trajectory(rollout, last.attempt_id, spans)
-        kept = {t.span_id for t in trajectory.transitions}
-        return trajectory, [t for t in everything.transitions if t.span_id not in kept]
 
     async def accuracy_of(self, rollout: Rollout) -> float:
         """1.0 when the rollout succeeded and its last attempt's accuracy reward is correct, else 0.0.
@@ -453,20 +444,10 @@ class RLTrainer:
         """Publish resources with the current weights and enqueue ``group_size`` rollouts per task; return at once."""
         t0 = time.perf_counter()
         resources_id = await self.publish_resources(temperature=self.config.temperature, purpose="train")
-        cfg = RolloutConfig(max_attempts=self.config.max_attempts, timeout_seconds=self.config.rollout_timeout_s)
-        requests = [
-            EnqueueRequest(
-                input=task,
-                mode=RolloutMode.TRAIN,
-                resources_id=resources_id,
-                config=cfg,
-                metadata={"task_id": str(task.get("task_id", i)), "train_step": train_step},
-            )
-            for i, task in enumerate(tasks)
-            for _ in range(self.config.group_size)
-        ]
-        rollouts = await self.store.enqueue_many(requests)
-        return PendingStep(train_step, [r.rollout_id for r in rollouts], self.versions[-1], t0)
+        ids = await self._enqueue(
+            tasks, RolloutMode.TRAIN, resources_id, repeats=self.config.group_size, metadata={"train_step": train_step}
+        )
+        return PendingStep(train_step, ids, self.versions[-1], t0)
 
     async def finish_step(
         self, pending: PendingStep, *, on_rollout_progress: ProgressCallback | None = None
@@ -478,13 +459,7 @@ class RLTrainer:
         weight swap holds the gateway's calls (:meth:`swap_weights`).
         """
         t_wait = time.perf_counter()
-        total = len(pending.rollout_ids)
-        while True:
-            rollouts = await self.store.wait_for_rollouts(pending.rollout_ids, timeout_s=1.0)
-            if on_rollout_progress is not None:
-                on_rollout_progress(len(rollouts), total)
-            if len(rollouts) == total:
-                break
+        rollouts = await self._wait_all(pending.rollout_ids, on_rollout_progress)
         wait_s = time.perf_counter() - t_wait
         rollout_s = time.perf_counter() - pending.enqueued_at
         train_step = pending.train_step
