@@ -18,7 +18,7 @@ def test_none_and_list_content_become_text() -> None:
         },
         {"role": "assistant", "content": None},
     ]
-    assert normalize_messages(messages) == [{"role": "user", "content": "ab"}, {"role": "assistant", "content": ""}]
+    assert normalize_messages(messages) == [{"role": "user", "content": "a\nb"}, {"role": "assistant", "content": ""}]
 
 
 def test_tool_call_arguments_string_becomes_an_object_and_input_is_untouched() -> None:

@@ -9,6 +9,7 @@ Hold-back property (seeded random splits of each text into deltas): the sent pie
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 
 import httpx
@@ -18,14 +19,13 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from agentbolt.errors import BackendError, ConfigError
 from agentbolt.inference.base import ContextLengthExceededError, GenerationResult, UpstreamError
 from agentbolt.inference.remote import ChunkAccumulator, raise_for_answer, sse_chunks
+from agentbolt.server.gateway.calls import CallSpec
 from agentbolt.server.gateway.openai_format import (
+    ChatStreamEncoder,
     assistant_message,
-    chunk_body,
+    choice_output,
     completion_body,
     error_info,
-    message_body,
-    tool_call_deltas,
-    usage_chunk_body,
 )
 from agentbolt.server.gateway.streaming import ContentHoldBack
 from agentbolt.server.gateway.toolcalls import parse_tool_calls
@@ -84,31 +84,39 @@ def test_plain_text_is_sent_as_it_comes() -> None:
     assert [hold.feed(p) for p in ["Use ", "<to", "ol_call>"]] == ["Use", "", ""]  # a tag in the making is held
 
 
+def _sse_json(event: str) -> dict:
+    assert event.startswith("data: ") and event.endswith("\n\n")
+    return json.loads(event[len("data: ") :])
+
+
 def test_chunks_and_completions_validate_as_openai_types() -> None:
     result = GenerationResult([1, 2], [3, 4, 0], [-0.1, -0.2, -0.3], f"ok <tool_call>{CALL}</tool_call>", "stop", "v1")
-    content, calls = assistant_message(result, frozenset({"lookup"}))
-    assert content == "ok" and len(calls) == 1
-    completion = completion_body(
-        response_id="chatcmpl-1",
-        created_s=1,
-        model="m",
-        choices=[(result, message_body(content, calls), "tool_calls")],
-    )
+    spec = CallSpec("chat.completions", tools=[{"type": "function", "function": {"name": "lookup"}}], n=2)
+    output = choice_output(0, result, spec)
+    assert output.content == "ok" and len(output.tool_calls) == 1 and output.finish == "tool_calls"
+    completion = completion_body(spec, [output], response_id="chatcmpl-1", created_s=1, model="m")
     parsed = ChatCompletion.model_validate(completion)
     assert parsed.choices[0].message.tool_calls and completion["choices"][0]["token_ids"] == [3, 4, 0]
     assert completion["prompt_token_ids"] == [1, 2] and parsed.usage and parsed.usage.total_tokens == 5
     no_ids = GenerationResult([], [], [], "x", "stop", "v", trainable=False, prompt_tokens=7, completion_tokens=2)
-    body = completion_body(response_id="c", created_s=1, model="m", choices=[(no_ids, message_body("x", []), "stop")])
+    plain = CallSpec("chat.completions")
+    body = completion_body(plain, [choice_output(0, no_ids, plain)], response_id="c", created_s=1, model="m")
     assert "prompt_token_ids" not in body and "token_ids" not in body["choices"][0]
     assert body["usage"] == {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
-    for chunk in [
-        chunk_body(response_id="c", created_s=1, model="m", index=0, delta={"role": "assistant", "content": ""}),
-        chunk_body(response_id="c", created_s=1, model="m", index=1, delta={"content": "hi"}),
-        chunk_body(response_id="c", created_s=1, model="m", index=0, delta={"tool_calls": tool_call_deltas(calls)}),
-        chunk_body(response_id="c", created_s=1, model="m", index=0, delta={}, finish="tool_calls"),
-        usage_chunk_body(response_id="c", created_s=1, model="m", usage=body["usage"]),
-    ]:
-        ChatCompletionChunk.model_validate(chunk)
+    spec.include_usage = True
+    encoder = ChatStreamEncoder(spec, response_id="c", created_s=1, model="m")
+    events = [
+        *encoder.begin(),
+        *encoder.choice_begin(0),
+        *encoder.choice_begin(1),
+        *encoder.text(1, "hi"),
+        *encoder.choice_end(output),
+        *encoder.end([output]),
+    ]
+    assert events[-1] == "data: [DONE]\n\n"
+    chunks = [ChatCompletionChunk.model_validate(_sse_json(event)) for event in events[:-1]]
+    assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens == 5
+    assert chunks[-2].choices[0].finish_reason == "tool_calls"
 
 
 def test_remote_tool_calls_pass_through_with_ids() -> None:

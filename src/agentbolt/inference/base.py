@@ -14,7 +14,8 @@ text deltas while it generates; for any other backend the gateway streams the wh
 Errors a backend raises (the gateway turns each into an OpenAI-style error answer and a failed, untrainable span):
 
     ConfigError                      400  the request cannot be served as sent (bad sampling values, template)
-     └── ContextLengthExceededError  400  prompt + max_tokens do not fit the model's context
+     ├── ContextLengthExceededError  400  prompt + max_tokens do not fit the model's context
+     └── RequestRefused              400  a request field that cannot be honoured (names the field)
     BackendError                     503  the backend is missing, closed or unreachable
      └── UpstreamError               502  the server a remote backend forwards to answered with an error
 """
@@ -39,6 +40,22 @@ class ContextLengthExceededError(ConfigError):
     http_status = 400
 
 
+class RequestRefused(ConfigError):
+    """A request field the gateway cannot honour, or a bad value in one: answered 400 in the protocol's error shape,
+    with ``param`` naming the field (``messages[2].content[1]``, ``response_format``...). The message says what the
+    gateway does support, so the caller knows what to send instead."""
+
+    http_status = 400
+
+    def __init__(self, message: str, param: str | None = None, code: str = "unsupported_parameter") -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.param, self.code))
+
+
 class UpstreamError(BackendError):
     """The server a remote backend (``vllm``, ``openai``) forwards to answered with an error or broke the protocol.
     The message names the server, its HTTP status and its own message."""
@@ -47,8 +64,34 @@ class UpstreamError(BackendError):
 
 
 @dataclass(frozen=True)
+class ToolChoice:
+    """Which tool calls the model may or must make.
+
+    ``auto``: may call any declared function or answer in text; ``none``: answers in text, nothing is parsed as a
+    call; ``required``: must call at least one declared function; ``function``: must call the function ``name``.
+    """
+
+    mode: Literal["auto", "none", "required", "function"] = "auto"
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    """A constraint on the answer's text (OpenAI ``response_format``, Responses ``text.format``, Anthropic
+    ``output_format``). ``json_object``: any JSON object; ``json_schema``: JSON valid against ``schema``."""
+
+    kind: Literal["json_object", "json_schema"]
+    schema: dict[str, Any] | None = None
+    name: str | None = None
+
+
+TOP_LOGPROBS_MAX = 20
+"""Largest ``top_logprobs`` served (OpenAI's limit)."""
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
-    """One chat completion to generate.
+    """One completion to generate: a chat (``messages``) or, for the legacy Completions protocol, a raw ``prompt``.
 
     Attributes:
         messages: OpenAI chat messages (``role``, ``content``, optional ``tool_calls``/``tool_call_id``).
@@ -57,6 +100,20 @@ class GenerationRequest:
         temperature: 0 means greedy; otherwise sampling at this temperature.
         top_p: nucleus sampling mass in (0, 1].
         seed: optional sampling seed.
+        prompt: a raw prompt (text, or token ids) fed as it is, without any chat template; ``messages`` and
+            ``tools`` are then ignored.
+        stop: stop strings: generation ends once the generated text contains one; the text returned ends before
+            it (the ids keep every generated token, the one that completed the stop string included).
+        stop_inclusive: stop strings kept in the returned text (the gateway uses ``</tool_call>`` to end an answer
+            after its first tool call when ``parallel_tool_calls`` is false).
+        logprobs: return :attr:`GenerationResult.token_logprobs` (each chosen token's text and logprob).
+        top_logprobs: with ``logprobs``, also the ``k`` most likely tokens at each step (0..20).
+        presence_penalty / frequency_penalty: OpenAI's penalties in ``[-2, 2]``: each logit is lowered by
+            ``frequency_penalty * count + presence_penalty * (count > 0)``, ``count`` being how often the token was
+            generated so far in this answer (https://platform.openai.com/docs/advanced-usage#frequency-and-presence-penalties).
+        logit_bias: token id -> bias in ``[-100, 100]`` added to its logit at every step.
+        tool_choice / parallel_tool_calls / output_format: the answer's constraints (constrained decoding).
+        chat_template_kwargs: extra variables for the chat template.
     """
 
     messages: list[dict[str, Any]]
@@ -65,6 +122,23 @@ class GenerationRequest:
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
+    prompt: str | list[int] | None = None
+    stop: tuple[str, ...] = ()
+    stop_inclusive: tuple[str, ...] = ()
+    logprobs: bool = False
+    top_logprobs: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    parallel_tool_calls: bool = True
+    output_format: OutputFormat | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @property
+    def penalized(self) -> bool:
+        """Whether penalties or a logit bias change the sampling distribution."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias)
 
 
 @dataclass(frozen=True)
@@ -88,6 +162,10 @@ class GenerationResult:
             call is recorded for prompt optimization and evaluation but never becomes a training sample.
         prompt_tokens / completion_tokens: token counts reported by a backend that has no ids; ``None`` means
             ``len`` of the ids (see :attr:`num_prompt_tokens`, :attr:`num_completion_tokens`).
+        stop_sequence: the stop string that ended generation (``finish_reason`` is then ``stop``), else ``None``.
+        token_logprobs: when the request asked for ``logprobs``: one entry per returned token, in OpenAI's
+            ``ChatCompletionTokenLogprob`` shape ``{"token": str, "logprob": float, "bytes": [int], "top_logprobs":
+            [{"token", "logprob", "bytes"}]}``; ``None`` when not asked for (or the backend cannot give them).
     """
 
     prompt_token_ids: list[int]
@@ -101,6 +179,8 @@ class GenerationResult:
     trainable: bool = True
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    stop_sequence: str | None = None
+    token_logprobs: list[dict[str, Any]] | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 def normalize_messages(messages: list[dict[str, Any]], *, inline_tool_calls: bool = False) -> list[dict[str, Any]]:
     """Adapt OpenAI chat messages to what Hugging Face chat templates render.
 
-    - ``content: None`` becomes ``""``; a list of content parts becomes the concatenation of its text parts.
+    - ``content: None`` becomes ``""``; a list of content parts becomes its text parts joined with ``"\n"``.
     - ``tool_calls[].function.arguments`` given as a JSON string (OpenAI's form) becomes the decoded object: the
       Qwen2.5 template writes ``arguments | tojson``, so a string would be rendered as a quoted string. A string that
       is not a JSON object is left as is.
@@ -49,14 +49,15 @@ def normalize_messages(messages: list[dict[str, Any]], *, inline_tool_calls: boo
 
 
 def content_text(content: Any) -> str:
-    """The text of an OpenAI message ``content``: ``None`` -> ``""``, a string as is, a list of parts -> the
-    concatenation of the parts' ``text`` fields, anything else -> ``str(content)``."""
+    """The text of an OpenAI message ``content``: ``None`` -> ``""``, a string as is, a list of parts -> the parts'
+    ``text`` fields joined with ``"\n"`` (as vLLM and SGLang join them, so that every backend renders the same
+    prompt), anything else -> ``str(content)``."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(str(part.get("text", "")) for part in content if isinstance(part, Mapping) and "text" in part)
+        return "\n".join(str(part.get("text", "")) for part in content if isinstance(part, Mapping) and "text" in part)
     return str(content)
 
 

@@ -53,16 +53,35 @@ from transformers import (
     PreTrainedTokenizerBase,
     StoppingCriteriaList,
 )
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from agentbolt.errors import BackendError, ConfigError
-from agentbolt.inference.base import ContextLengthExceededError, FinishReason, GenerationRequest, GenerationResult
+from agentbolt.inference.base import (
+    TOP_LOGPROBS_MAX,
+    ContextLengthExceededError,
+    FinishReason,
+    GenerationRequest,
+    GenerationResult,
+)
 from agentbolt.inference.chat_format import normalize_messages, tools_in_system_message
-from agentbolt.inference.generation_hooks import RowBudget, RowCancel, RowStreamer, SamplingLogprobs, ThroughputStats
+from agentbolt.inference.generation_hooks import (
+    RowBudget,
+    RowCancel,
+    RowPenalties,
+    RowStopStrings,
+    RowStreamer,
+    SamplingLogprobs,
+    ThroughputStats,
+)
 from agentbolt.inference.model_files import MARKER_FILE, MODEL_SPECS, prepare_model
+from agentbolt.inference.stop_text import StopTextFilter, cut_at_stop
 
 logger = logging.getLogger(__name__)
 
 _STOP_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>")
+
+_BYTE_OF_CHAR = {char: byte for byte, char in bytes_to_unicode().items()}
+"""The GPT-2 byte-level alphabet, read backwards: the character a byte-level BPE token uses for each byte."""
 """End-of-turn tokens used as stop ids when the tokenizer has them as single tokens."""
 
 
@@ -79,6 +98,8 @@ class _Pending:
     """Streaming requests: called from the worker thread with each new id, as it is sampled."""
     cancel_requested: bool = False
     """Set (from the event loop) to stop generating this row; read by the worker thread."""
+    grammar: str | None = None
+    """The llguidance grammar the answer must match (constrained decoding), or ``None``."""
 
     def is_cancelled(self) -> bool:
         return self.cancel_requested
@@ -275,11 +296,17 @@ class EmbeddedBackend:
 
     # ------------------------------------------------------------------ the Protocol
 
-    def encode_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+    def encode_prompt(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]:
         """The exact prompt ids for ``messages``: the chat template with the generation prompt, applied once.
 
         OpenAI messages are adapted first (``chat_format.normalize_messages``); when the template cannot render
-        tools or tool calls, they are written in the Hermes/Qwen text form instead.
+        tools or tool calls, they are written in the Hermes/Qwen text form instead. ``chat_template_kwargs`` are
+        extra template variables (e.g. ``enable_thinking``).
 
         Raises:
             ConfigError: the template rejects the messages.
@@ -291,11 +318,35 @@ class EmbeddedBackend:
             template_tools = None
         try:
             encoded = self.tokenizer.apply_chat_template(
-                chat, tools=template_tools, add_generation_prompt=True, tokenize=True, return_dict=True
+                chat,
+                tools=template_tools,
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=True,
+                **(chat_template_kwargs or {}),
             )
         except Exception as exc:  # jinja errors: bad roles, order, missing fields
             raise ConfigError(f"the chat template cannot render these messages: {exc}") from exc
         return list(encoded["input_ids"])  # type: ignore[index]
+
+    def encode_text(self, prompt: str | list[int]) -> list[int]:
+        """The ids of a raw prompt (legacy Completions): text tokenized as the tokenizer does by default (its BOS
+        added if it has one), or token ids checked against the vocabulary. No chat template.
+
+        Raises:
+            ConfigError: an empty prompt, or an id outside the vocabulary.
+        """
+        if isinstance(prompt, str):
+            ids = list(self.tokenizer(prompt)["input_ids"])  # type: ignore[index]
+        else:
+            ids = [int(i) for i in prompt]
+            vocab = len(self.tokenizer)
+            bad = [i for i in ids if not 0 <= i < vocab]
+            if bad:
+                raise ConfigError(f"prompt token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+        if not ids:
+            raise ConfigError("the prompt is empty; send at least one token")
+        return ids
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """Generate one completion; concurrent calls are batched.
@@ -330,15 +381,25 @@ class EmbeddedBackend:
     def _submit(self, request: GenerationRequest, on_token: Callable[[int], None] | None = None) -> _Pending:
         """Check and encode ``request`` (in the caller's loop), then queue it for the worker."""
         _check_sampling(request)
-        prompt_token_ids = self.encode_prompt(request.messages, request.tools)
+        if request.prompt is not None:
+            prompt_token_ids = self.encode_text(request.prompt)
+        else:
+            prompt_token_ids = self.encode_prompt(request.messages, request.tools, request.chat_template_kwargs)
         if len(prompt_token_ids) + request.max_tokens > self.max_context_tokens:
             raise ContextLengthExceededError(
                 f"the prompt has {len(prompt_token_ids)} tokens and max_tokens is {request.max_tokens}: together "
                 f"more than the model's context of {self.max_context_tokens} tokens; shorten the conversation "
                 "or lower max_tokens"
             )
+        grammar = None
+        if request.output_format is not None or request.tool_choice.mode in ("required", "function"):
+            from agentbolt.inference.constrained import answer_grammar  # llguidance: only when asked for
+
+            grammar = answer_grammar(
+                request.output_format, request.tool_choice, request.tools, request.parallel_tool_calls
+            )
         loop = asyncio.get_running_loop()
-        pending = _Pending(request, prompt_token_ids, loop.create_future(), loop, on_token=on_token)
+        pending = _Pending(request, prompt_token_ids, loop.create_future(), loop, on_token=on_token, grammar=grammar)
         with self._cond:
             if self._closed:
                 raise BackendError("the embedded backend is closed")
@@ -464,6 +525,52 @@ class EmbeddedBackend:
             model_version=self.model_version,
         )
 
+    def _decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+    def _constraints(self, batch: list[_Pending], prompt_len: int) -> Any | None:
+        """The logits processor that constrains the rows whose answer has a grammar
+        (:class:`~agentbolt.inference.constrained.RowGrammars`), or ``None`` when no row has one."""
+        if all(p.grammar is None for p in batch):
+            return None
+        from agentbolt.inference.constrained import RowGrammars, tokenizer_info
+
+        return RowGrammars(tokenizer_info(self.tokenizer), [p.grammar for p in batch], prompt_len, self.stop_token_ids)
+
+    def _token_bytes(self, token_id: int) -> bytes:
+        """The exact bytes of one token: byte-level BPE tokens (Qwen, SmolLM2) map back through the GPT-2 byte
+        alphabet; others (and special tokens) are their decoded text in UTF-8."""
+        token = self.tokenizer.convert_ids_to_tokens(token_id)
+        if isinstance(token, str) and token and all(ch in _BYTE_OF_CHAR for ch in token):
+            return bytes(_BYTE_OF_CHAR[ch] for ch in token)
+        return str(self.tokenizer.decode([token_id])).encode()
+
+    def _token_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
+        raw = self._token_bytes(token_id)
+        return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw)}
+
+    def _token_logprobs(
+        self,
+        ids: list[int],
+        logprobs_T: torch.Tensor,
+        top_TK: tuple[torch.Tensor, torch.Tensor] | None,
+        k: int,
+    ) -> list[dict[str, Any]]:
+        """OpenAI ``ChatCompletionTokenLogprob`` entries for ``ids`` (a final stop id left out: it is not text)."""
+        if ids and ids[-1] in self.stop_token_ids:
+            ids = ids[:-1]
+        entries: list[dict[str, Any]] = []
+        for step, token_id in enumerate(ids):
+            entry = self._token_entry(token_id, float(logprobs_T[step]))
+            alternatives: list[dict[str, Any]] = []
+            if top_TK is not None and k > 0:
+                values, top_ids = top_TK
+                for value, alt in zip(values[step, :k].tolist(), top_ids[step, :k].tolist(), strict=True):
+                    alternatives.append(self._token_entry(int(alt), float(value)))
+            entry["top_logprobs"] = alternatives
+            entries.append(entry)
+        return entries
+
     def _generate_batch(self, batch: list[_Pending]) -> list[GenerationResult]:
         """Run one ``model.generate`` over ``batch`` (left-padded) and cut each row's response."""
         prompts = [p.prompt_token_ids for p in batch]
@@ -489,18 +596,38 @@ class EmbeddedBackend:
             return_dict_in_generate=True,
             **sampling,
         )
-        recorder = SamplingLogprobs(temperature)
+        requests = [p.request for p in batch]
+        recorder = SamplingLogprobs(temperature, max((r.top_logprobs for r in requests if r.logprobs), default=0))
+        processors: list[Any] = [recorder]
+        if any(r.penalized for r in requests):
+            processors.append(
+                RowPenalties(
+                    prompt_len,
+                    [r.presence_penalty for r in requests],
+                    [r.frequency_penalty for r in requests],
+                    [r.logit_bias for r in requests],
+                )
+            )
+        constraints = self._constraints(batch, prompt_len)
+        if constraints is not None:
+            processors.append(constraints)
         criteria: list[Any] = [RowBudget(prompt_len, max_tokens_B.to(self.device))]
+        row_stops: RowStopStrings | None = None
+        if any(r.stop or r.stop_inclusive for r in requests):
+            row_stops = RowStopStrings(self._decode, prompt_len, [(*r.stop, *r.stop_inclusive) for r in requests])
+            criteria.append(row_stops)
         row_cancel: RowCancel | None = None
         streamer: RowStreamer | None = None
         if any(p.on_token is not None for p in batch):
             row_cancel = RowCancel(prompt_len, [p.is_cancelled for p in batch])
             criteria.append(row_cancel)
+            stops = row_stops
             streamer = RowStreamer(
                 [p.on_token for p in batch],
                 set(self.stop_token_ids),
                 [p.request.max_tokens for p in batch],
                 [p.is_cancelled for p in batch],
+                ended=None if stops is None else (lambda row: stops.stopped_at[row] is not None),
             )
         model = self.model
         model_version = self.model_version
@@ -515,13 +642,15 @@ class EmbeddedBackend:
                     input_ids=input_ids_BL.to(self.device),
                     attention_mask=attention_mask_BL.to(self.device),
                     generation_config=generation_config,
-                    logits_processor=LogitsProcessorList([recorder]),
+                    logits_processor=LogitsProcessorList(processors),
                     stopping_criteria=StoppingCriteriaList(criteria),
                     streamer=streamer,
                 )
                 generated_BT = output.sequences[:, prompt_len:]
                 # .cpu() waits for the device, so elapsed_s below covers all of the batch's kernels
                 logprobs_BT = recorder.finish(generated_BT).cpu()
+                top = recorder.top(generated_BT.shape[1])
+                top_BTK = None if top is None else (top[0].cpu(), top[1].cpu())
                 generated_BT = generated_BT.cpu()
         finally:
             if was_training:
@@ -531,25 +660,42 @@ class EmbeddedBackend:
         results: list[GenerationResult] = []
         stop_ids = set(self.stop_token_ids)
         for row, pending in enumerate(batch):
-            limit = pending.request.max_tokens
-            stopped_at = row_cancel.stopped_at[row] if row_cancel is not None else None
-            if stopped_at is not None:
-                limit = min(limit, stopped_at)
+            request = pending.request
+            limit = request.max_tokens
+            cancelled_at = row_cancel.stopped_at[row] if row_cancel is not None else None
+            stopped_at = row_stops.stopped_at[row] if row_stops is not None else None
+            for at in (cancelled_at, stopped_at):
+                if at is not None:
+                    limit = min(limit, at)
             ids = generated_BT[row].tolist()[:limit]
             finish_reason: FinishReason = "length"
-            if stopped_at is not None and stopped_at < pending.request.max_tokens:
+            if stopped_at is not None and stopped_at <= limit:
+                finish_reason = "stop"
+            elif cancelled_at is not None and cancelled_at < request.max_tokens:
                 finish_reason = "abort"
             for index, token_id in enumerate(ids):
                 if token_id in stop_ids:
                     ids = ids[: index + 1]
                     finish_reason = "stop"
                     break
+            text = str(self.tokenizer.decode(ids, skip_special_tokens=True))
+            stop_sequence = None
+            if request.stop or request.stop_inclusive:
+                text, stop_sequence = cut_at_stop(text, request.stop, request.stop_inclusive)
+            token_logprobs = None
+            if request.logprobs:
+                token_logprobs = self._token_logprobs(
+                    ids,
+                    logprobs_BT[row],
+                    None if top_BTK is None else (top_BTK[0][row], top_BTK[1][row]),
+                    request.top_logprobs,
+                )
             results.append(
                 GenerationResult(
                     prompt_token_ids=list(pending.prompt_token_ids),
                     response_token_ids=ids,
                     response_logprobs=logprobs_BT[row, : len(ids)].tolist(),
-                    text=str(self.tokenizer.decode(ids, skip_special_tokens=True)),
+                    text=text,
                     finish_reason=finish_reason,
                     model_version=model_version,
                     extra={
@@ -557,6 +703,8 @@ class EmbeddedBackend:
                         "queue_wait_s": started_s - pending.enqueued_s,
                         "generation_s": elapsed_s,
                     },
+                    stop_sequence=stop_sequence,
+                    token_logprobs=token_logprobs,
                 )
             )
         self.stats.batches += 1
@@ -571,14 +719,20 @@ class _EmbeddedStream:
     :meth:`EmbeddedBackend.stream`)."""
 
     def __init__(self, backend: EmbeddedBackend, pending: _Pending, tokens: asyncio.Queue[int | None]) -> None:
+        self.prompt_tokens = len(pending.prompt_token_ids)
+        """The prompt's length in tokens, known before the first token."""
         self._backend = backend
         self._pending = pending
         self._tokens = tokens
 
     async def text_deltas(self) -> AsyncIterator[str]:
         """Text as ids arrive. Incremental decoding: only the ids since the last complete character are decoded
-        again at each step (O(1) per token), so a multi-byte character split over ids is sent whole."""
+        again at each step (O(1) per token), so a multi-byte character split over ids is sent whole. With stop
+        strings, a piece that may be the start of one is held back and nothing after one is sent
+        (:class:`~agentbolt.inference.stop_text.StopTextFilter`)."""
         tokenizer = self._backend.tokenizer
+        request = self._pending.request
+        stops = StopTextFilter(request.stop, request.stop_inclusive)
         ids: list[int] = []
         prefix_offset = read_offset = 0
         sent = 0  # characters sent
@@ -590,13 +744,14 @@ class _EmbeddedStream:
             prefix_text = str(tokenizer.decode(ids[prefix_offset:read_offset], skip_special_tokens=True))
             text = str(tokenizer.decode(ids[prefix_offset:], skip_special_tokens=True))
             if len(text) > len(prefix_text) and not text.endswith("\ufffd"):
-                delta = text[len(prefix_text) :]
+                delta = stops.feed(text[len(prefix_text) :])
                 prefix_offset, read_offset = read_offset, len(ids)
-                sent += len(delta)
-                yield delta
+                if delta:
+                    sent += len(delta)
+                    yield delta
         result = await self.result()
         if sent < len(result.text):
-            yield result.text[sent:]  # a character held back at the very end (or a model that ended mid-character)
+            yield result.text[sent:]  # held back at the very end (a character, a possible stop string's start)
 
     async def result(self) -> GenerationResult:
         """The whole result (see :class:`~agentbolt.inference.base.GenerationStream`)."""
@@ -632,6 +787,15 @@ def _model_device(model: Any) -> torch.device:
 
 
 def _check_sampling(request: GenerationRequest) -> None:
+    if not 0 <= request.top_logprobs <= TOP_LOGPROBS_MAX:
+        raise ConfigError(f"top_logprobs must be in 0..{TOP_LOGPROBS_MAX}, got {request.top_logprobs}")
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(request, name)
+        if not -2 <= value <= 2:
+            raise ConfigError(f"{name} must be in [-2, 2], got {value}")
+    for token_id, bias in (request.logit_bias or {}).items():
+        if not -100 <= bias <= 100:
+            raise ConfigError(f"logit_bias values must be in [-100, 100], got {bias} for token {token_id}")
     if request.max_tokens < 1:
         raise ConfigError(f"max_tokens must be >= 1, got {request.max_tokens}")
     if request.temperature < 0:

@@ -13,13 +13,20 @@ gateway parses the text. A request with ``n > 1`` becomes ``n`` requests (the pr
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import httpx
 
 from agentbolt.errors import BackendError
 from agentbolt.inference.base import FinishReason, GenerationRequest, GenerationResult
-from agentbolt.inference.remote import ChatEndpoint, ChunkAccumulator, RemoteStream
+from agentbolt.inference.remote import (
+    ChatEndpoint,
+    ChunkAccumulator,
+    RemoteStream,
+    forwarded_fields,
+    refuse_unforwarded,
+)
 
 _FINISH_REASONS: dict[str, FinishReason] = {
     "stop": "stop",
@@ -85,18 +92,29 @@ class OpenAICompatBackend:
         return cls(endpoint, model)
 
     def payload(self, request: GenerationRequest, *, stream: bool) -> dict[str, Any]:
-        """The JSON body sent for ``request``."""
+        """The JSON body sent for ``request``: its own fields (``stop``, ``tool_choice``, ``parallel_tool_calls``,
+        ``response_format``, ``logprobs``/``top_logprobs``, penalties, ``logit_bias``, ``seed``), for the server to
+        honour.
+
+        Raises:
+            RequestRefused: a raw ``prompt`` or ``chat_template_kwargs``, which an OpenAI API does not take.
+        """
+        refuse_unforwarded(request, "openai", chat_template_kwargs=False)
         body: dict[str, Any] = {
             "model": self.model_name,
             "messages": request.messages,
             "max_completion_tokens": request.max_tokens,
             "temperature": request.temperature,
             "top_p": request.top_p,
+            **forwarded_fields(request),
         }
-        if request.tools:
-            body["tools"] = request.tools
-        if request.seed is not None:
-            body["seed"] = request.seed
+        if request.presence_penalty:
+            body["presence_penalty"] = request.presence_penalty
+        if request.frequency_penalty:
+            body["frequency_penalty"] = request.frequency_penalty
+        if request.logprobs:
+            body["logprobs"] = True
+            body["top_logprobs"] = request.top_logprobs
         if stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
@@ -112,12 +130,17 @@ class OpenAICompatBackend:
         choice = body["choices"][0]
         message = choice.get("message") or {}
         usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
-        return self._result(
+        logprobs = choice.get("logprobs")
+        entries = logprobs.get("content") if isinstance(logprobs, dict) else None
+        result = self._result(
             text=message.get("content") or "",
             tool_calls=message.get("tool_calls") or None,
             finish=str(choice.get("finish_reason") or "stop"),
             usage=usage or {},
         )
+        if request.logprobs and isinstance(entries, list):
+            result = dataclasses.replace(result, token_logprobs=[dict(e) for e in entries])
+        return result
 
     async def stream(self, request: GenerationRequest) -> RemoteStream:
         """Start a streamed completion; returns once the server accepted it.

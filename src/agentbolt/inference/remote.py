@@ -28,7 +28,13 @@ from typing import Any
 import httpx
 
 from agentbolt.errors import BackendError, ConfigError
-from agentbolt.inference.base import ContextLengthExceededError, GenerationResult, UpstreamError
+from agentbolt.inference.base import (
+    ContextLengthExceededError,
+    GenerationRequest,
+    GenerationResult,
+    RequestRefused,
+    UpstreamError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +43,61 @@ _CONTEXT_OVERFLOW = re.compile(
     re.IGNORECASE,
 )
 _MESSAGE_CHARS = 1000
+
+
+def forwarded_fields(request: GenerationRequest) -> dict[str, Any]:
+    """The OpenAI Chat Completions fields of ``request`` that a remote backend forwards as they are: ``tools``,
+    ``tool_choice``, ``parallel_tool_calls``, ``response_format``, ``stop``, ``logit_bias``, ``seed`` (each only
+    when set). The remote server does the constrained decoding, the stop strings and ``parallel_tool_calls``
+    itself (so the gateway's inclusive ``</tool_call>`` stop, ``stop_inclusive``, is not sent)."""
+    body: dict[str, Any] = {}
+    if request.tools:
+        body["tools"] = request.tools
+        body["parallel_tool_calls"] = request.parallel_tool_calls
+        choice = request.tool_choice
+        body["tool_choice"] = (
+            {"type": "function", "function": {"name": choice.name}} if choice.mode == "function" else choice.mode
+        )
+    if request.output_format is not None:
+        if request.output_format.kind == "json_object":
+            body["response_format"] = {"type": "json_object"}
+        else:
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": request.output_format.name or "answer",
+                    "schema": request.output_format.schema or {},
+                },
+            }
+    if request.stop:
+        body["stop"] = list(request.stop)
+    if request.logit_bias:
+        body["logit_bias"] = {str(token_id): bias for token_id, bias in request.logit_bias.items()}
+    if request.seed is not None:
+        body["seed"] = request.seed
+    return body
+
+
+def refuse_unforwarded(request: GenerationRequest, backend: str, *, chat_template_kwargs: bool) -> None:
+    """Refuse what a remote backend cannot pass on: a raw ``prompt`` (legacy Completions) and, for servers that
+    are not vLLM, ``chat_template_kwargs``.
+
+    Raises:
+        RequestRefused: naming the field.
+    """
+    if request.prompt is not None:
+        raise RequestRefused(
+            f"the {backend} backend serves chat requests only; the legacy Completions route (a raw prompt) needs "
+            "the embedded backend",
+            "prompt",
+        )
+    if request.chat_template_kwargs and not chat_template_kwargs:
+        raise RequestRefused(
+            f"chat_template_kwargs is a vLLM extension that the {backend} backend cannot pass on",
+            "chat_template_kwargs",
+        )
+    if request.stop_inclusive and not request.tools:
+        raise RequestRefused(f"the {backend} backend has no inclusive stop strings", "stop")
 
 
 class ChatEndpoint:

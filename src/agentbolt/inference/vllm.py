@@ -31,7 +31,13 @@ import httpx
 
 from agentbolt.errors import BackendError, ConfigError
 from agentbolt.inference.base import FinishReason, GenerationRequest, GenerationResult, UpstreamError
-from agentbolt.inference.remote import ChatEndpoint, ChunkAccumulator, RemoteStream
+from agentbolt.inference.remote import (
+    ChatEndpoint,
+    ChunkAccumulator,
+    RemoteStream,
+    forwarded_fields,
+    refuse_unforwarded,
+)
 
 _FINISH_REASONS: dict[str, FinishReason] = {
     "stop": "stop",
@@ -101,7 +107,14 @@ class VLLMBackend:
         self.model_version = version
 
     def payload(self, request: GenerationRequest, *, stream: bool) -> dict[str, Any]:
-        """The JSON body sent to vLLM for ``request``."""
+        """The JSON body sent to vLLM for ``request``: the request's own fields (``stop``, ``tool_choice``,
+        ``parallel_tool_calls``, ``response_format`` (vLLM's guided decoding), ``top_logprobs``, penalties,
+        ``logit_bias``, ``seed``, ``chat_template_kwargs``) and the fields that make vLLM return exact ids.
+
+        Raises:
+            RequestRefused: a raw ``prompt`` (legacy Completions), which this backend does not forward.
+        """
+        refuse_unforwarded(request, "vllm", chat_template_kwargs=True)
         body: dict[str, Any] = {
             "model": self.model_name,
             "messages": request.messages,
@@ -110,16 +123,15 @@ class VLLMBackend:
             "top_p": request.top_p,
             "top_k": -1,
             "repetition_penalty": 1.0,
-            "frequency_penalty": 0.0,
-            "presence_penalty": 0.0,
+            "frequency_penalty": request.frequency_penalty,
+            "presence_penalty": request.presence_penalty,
             "logprobs": True,
-            "top_logprobs": 0,
+            "top_logprobs": request.top_logprobs if request.logprobs else 0,
             "return_token_ids": True,
+            **forwarded_fields(request),
         }
-        if request.tools:
-            body["tools"] = request.tools
-        if request.seed is not None:
-            body["seed"] = request.seed
+        if request.chat_template_kwargs:
+            body["chat_template_kwargs"] = request.chat_template_kwargs
         if stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
@@ -145,6 +157,7 @@ class VLLMBackend:
         content = logprobs.get("content") if isinstance(logprobs, dict) else None
         if not isinstance(content, list):
             raise UpstreamError(f"{self.endpoint.where} returned no logprobs although asked for them (logprobs: true)")
+        stop_reason = choice.get("stop_reason")
         return self._result(
             prompt_ids=[int(t) for t in prompt_ids],
             response_ids=[int(t) for t in response_ids],
@@ -152,6 +165,8 @@ class VLLMBackend:
             text=message.get("content") or "",
             tool_calls=message.get("tool_calls") or None,
             finish=str(choice.get("finish_reason") or "stop"),
+            stop_sequence=stop_reason if isinstance(stop_reason, str) and stop_reason in request.stop else None,
+            token_logprobs=[dict(entry) for entry in content] if request.logprobs else None,
         )
 
     async def stream(self, request: GenerationRequest) -> RemoteStream:
@@ -198,6 +213,8 @@ class VLLMBackend:
         text: str,
         tool_calls: list[dict[str, Any]] | None,
         finish: str,
+        stop_sequence: str | None = None,
+        token_logprobs: list[dict[str, Any]] | None = None,
     ) -> GenerationResult:
         if len(logprobs) != len(response_ids):
             raise UpstreamError(
@@ -212,6 +229,8 @@ class VLLMBackend:
             finish_reason=_FINISH_REASONS.get(finish, "stop"),
             model_version=self.model_version,
             tool_calls=tool_calls,
+            stop_sequence=stop_sequence,
+            token_logprobs=token_logprobs,
         )
 
     def _no_ids_message(self) -> str:

@@ -59,6 +59,7 @@ def is_dashboard_asset(scope: Scope) -> bool:
 
 class BearerTokenMiddleware:
     """Refuse every HTTP request (and WebSocket) that lacks ``Authorization: Bearer <token>``; 401 otherwise.
+    ``x-api-key: <token>`` (how the Anthropic SDK and Claude Code send their key) is accepted like the bearer token.
 
     The one exception is the dashboard's static files (:func:`is_dashboard_asset`): ``GET /`` and ``GET /ui/...``.
     The comparison is constant-time (:func:`hmac.compare_digest`). Lifespan events pass through.
@@ -80,6 +81,9 @@ class BearerTokenMiddleware:
             await self.app(scope, receive, send)
             return
         given = _header(scope, b"authorization")
+        api_key = _header(scope, b"x-api-key")
+        if given is None and api_key is not None:
+            given = b"Bearer " + api_key
         if (given is not None and hmac.compare_digest(given, self._expected)) or is_dashboard_asset(scope):
             await self.app(scope, receive, send)
             return

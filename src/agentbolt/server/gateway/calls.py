@@ -16,51 +16,22 @@ same prompt-prefix rule.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
-from agentbolt.errors import ConfigError
-from agentbolt.inference.base import GenerationResult
+from agentbolt.inference.base import GenerationResult, OutputFormat, RequestRefused, ToolChoice
+
+__all__ = [
+    "CallSpec",
+    "ChoiceOutput",
+    "OutputFormat",
+    "RequestRefused",
+    "StreamEncoder",
+    "ToolCall",
+    "ToolChoice",
+]
 
 ToolCall = dict[str, Any]
 """``{"id": "call_<hex>", "type": "function", "function": {"name": str, "arguments": str}}``."""
-
-
-class RequestRefused(ConfigError):
-    """A request field the gateway cannot honour, or a bad value in one: answered 400 in the protocol's error shape,
-    with ``param`` naming the field (``messages[2].content[1]``, ``response_format``...). The message says what the
-    gateway does support, so the caller knows what to send instead."""
-
-    http_status = 400
-
-    def __init__(self, message: str, param: str | None = None, code: str = "unsupported_parameter") -> None:
-        super().__init__(message)
-        self.param = param
-        self.code = code
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (str(self), self.param, self.code))
-
-
-@dataclass(frozen=True)
-class ToolChoice:
-    """Which tool calls the model may or must make.
-
-    ``auto``: may call any declared function or answer in text; ``none``: answers in text, nothing is parsed as a
-    call; ``required``: must call at least one declared function; ``function``: must call the function ``name``.
-    """
-
-    mode: Literal["auto", "none", "required", "function"] = "auto"
-    name: str | None = None
-
-
-@dataclass(frozen=True)
-class OutputFormat:
-    """A constraint on the answer's text (OpenAI ``response_format``, Responses ``text.format``, Anthropic
-    ``output_format``). ``json_object``: any JSON object; ``json_schema``: JSON valid against ``schema``."""
-
-    kind: Literal["json_object", "json_schema"]
-    schema: dict[str, Any] | None = None
-    name: str | None = None
 
 
 @dataclass
@@ -80,9 +51,12 @@ class CallSpec:
         n: number of choices.
         seed: sampling seed (choice ``i`` uses ``seed + i``).
         presence_penalty / frequency_penalty: OpenAI's penalties, in ``[-2, 2]``.
+        logit_bias: token id -> bias in ``[-100, 100]``, or ``None``.
         sampling_requested: what the caller set of ``temperature``, ``top_p``, ``max_tokens`` (resolved against
             the rollout's resources version by :func:`agentbolt.server.gateway.sampling.resolve_sampling`).
         stream: answer as server-sent events.
+        include_usage: Chat Completions ``stream_options.include_usage``: a usage chunk ends the stream.
+        model: the model name asked for (recorded; the backend's model serves every name).
         chat_template_kwargs: extra variables for the chat template (vLLM's field of the same name).
         record_messages: what the spans record as the request's messages (the chat messages above, unless a
             protocol records something else).
@@ -103,8 +77,11 @@ class CallSpec:
     seed: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None
     sampling_requested: dict[str, float | int] = field(default_factory=dict)
     stream: bool = False
+    include_usage: bool = False
+    model: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     record_messages: list[dict[str, Any]] | None = None
     attributes: dict[str, Any] = field(default_factory=dict)

@@ -87,6 +87,8 @@ class CallRecorder:
                 semconv.LLM_MODEL_VERSION: result.model_version,
             }
         )
+        if result.stop_sequence is not None:
+            attributes[semconv.LLM_STOP_SEQUENCE] = result.stop_sequence
         if result.prompt_token_ids or result.response_token_ids:
             attributes[semconv.LLM_PROMPT_TOKEN_IDS] = result.prompt_token_ids
             attributes[semconv.LLM_RESPONSE_TOKEN_IDS] = result.response_token_ids

@@ -1,42 +1,54 @@
-"""OpenAI-compatible ``POST /v1/rollouts/{rollout_id}/attempts/{attempt_id}/v1/chat/completions``.
+"""The gateway's routes: four wire protocols under ``/v1/rollouts/{rollout_id}/attempts/{attempt_id}/v1``.
 
-Every call is recorded in the attempt named in the URL as ``agentbolt.llm_call`` spans, one per choice, with the
-exact prompt and response token ids and per-token sampling logprobs returned by the inference backend
-(:mod:`agentbolt.server.gateway.recording`). Nothing is re-tokenized: the backend applies the chat template once and
-the gateway stores what it got.
+- ``POST .../chat/completions``: OpenAI Chat Completions (:mod:`agentbolt.server.gateway.openai_format`);
+- ``POST .../completions``: OpenAI (legacy) Completions, text in and text out, no chat template
+  (:mod:`agentbolt.server.gateway.completions_format`);
+- ``POST .../responses``: OpenAI Responses (:mod:`agentbolt.server.gateway.responses_format`), with
+  ``previous_response_id`` resolved from the calls recorded in the same rollout;
+- ``POST .../messages`` and ``POST .../messages/count_tokens``: Anthropic Messages
+  (:mod:`agentbolt.server.gateway.anthropic_format`); ``x-api-key`` is accepted like a bearer token;
+- ``GET .../models``: the served model.
+
+Each protocol module turns its body into a :class:`~agentbolt.server.gateway.calls.CallSpec` (a field it cannot
+honour is a 400 naming it, in the protocol's own error shape) and writes the answer back; everything between is
+shared (:func:`serve_call`): the sampling rules of the attempt's resources version
+(:mod:`agentbolt.server.gateway.sampling`), the inference backend, and the recording of one ``agentbolt.llm_call``
+span per choice with the exact prompt and response token ids and per-token sampling logprobs
+(:mod:`agentbolt.server.gateway.recording`). Nothing is re-tokenized: the backend applies the chat template once
+and the gateway stores what it got. Every protocol's messages are OpenAI chat messages by then, rendered by the
+same template, so transitions of all four merge across turns by the same prefix rule.
 
 - ``stream: true``: a real server-sent event stream (:mod:`agentbolt.server.gateway.streaming`), recorded whole once
   generation ends.
-- ``n > 1``: ``n`` separate generations (batched by the embedded backend; choice ``i`` seeded ``seed + i``), ``n``
-  choices indexed ``0..n-1``, ``n`` spans: one transition per choice.
-- Tool calls both ways: incoming assistant ``tool_calls`` (several, ``content`` null or absent) and ``role: tool``
-  messages go to the backend's chat template as they are; tool calls the model writes (Qwen/Hermes
-  ``<tool_call>`` tags, several in one answer, or a bare JSON call) come back as OpenAI ``tool_calls`` with unique
-  ids (:mod:`agentbolt.server.gateway.toolcalls`), only when the request offered ``tools`` and only for the functions
-  it declared; otherwise the text is the content, JSON or not.
+- ``n > 1`` (Chat Completions, Completions): ``n`` separate generations (choice ``i`` seeded ``seed + i``), ``n``
+  choices, ``n`` spans: one transition per choice.
+- Tool calls both ways; tool calls the model writes (Qwen/Hermes ``<tool_call>`` tags, several in one answer, or a
+  bare JSON call) come back as the protocol's tool calls (:mod:`agentbolt.server.gateway.toolcalls`), only when the
+  request offered tools (and ``tool_choice`` is not ``none``) and only for the functions it declared.
 - Any model name is accepted and served by the backend's model (the name asked for is recorded).
 - Agent names: a ``x-agentbolt-agent`` request header is recorded as ``agentbolt.agent.name`` on the call's spans,
-  and a W3C ``traceparent`` header makes them children of the caller's span (its trace id and parent span id), so
-  the adapter can name the agent of a call no instrumented client recorded (:mod:`agentbolt.adapter.join`).
+  and a W3C ``traceparent`` header makes them children of the caller's span (:mod:`agentbolt.adapter.join`).
 - Weight swaps: while a trainer swaps the serving weights, new calls wait instead of being rejected, up to the
   gate's hold limit (:mod:`agentbolt.server.gateway.swap`); the wait is recorded as ``agentbolt.llm.swap_wait_s``.
-- Errors answer in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``: no backend 503 (the message
-  says how to start one), unknown rollout or attempt 404, attempt or rollout already finished 409, context length
-  exceeded 400 ``context_length_exceeded``, other bad values 400, remote server failed 502, backend unavailable 503.
-  A call that reached the backend and failed is recorded as a span with status ERROR and
-  ``agentbolt.llm.trainable = False``: it never becomes a training sample.
+- Errors: no backend 503 (the message says how to start one), unknown rollout or attempt 404, attempt or rollout
+  already finished 409, context length exceeded 400 ``context_length_exceeded``, other bad values 400, remote server
+  failed 502, backend unavailable 503. A call that reached the backend and failed is recorded as a span with status
+  ERROR and ``agentbolt.llm.trainable = False``: it never becomes a training sample.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import re
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse, Response
 
 from agentbolt import semconv
@@ -48,22 +60,23 @@ from agentbolt.inference.base import (
     InferenceBackend,
     start_stream,
 )
+from agentbolt.server.gateway import anthropic_format, completions_format, responses_format
+from agentbolt.server.gateway.calls import CallSpec, ChoiceOutput, RequestRefused, StreamEncoder
 from agentbolt.server.gateway.openai_format import (
-    ChatCompletionBody,
+    ChatStreamEncoder,
     ErrorInfo,
-    assistant_message,
-    backend_messages,
+    chat_call,
+    choice_output,
     completion_body,
+    error_body,
     error_info,
-    error_response,
-    finish_reason,
     message_body,
+    offered_tool_names,
 )
 from agentbolt.server.gateway.recording import REASON_NOT_DELIVERED, CallRecorder
-from agentbolt.server.gateway.sampling import Sampling, requested_sampling, resolve_sampling
+from agentbolt.server.gateway.sampling import Sampling, resolve_sampling
 from agentbolt.server.gateway.streaming import SessionResponse, StreamSession
 from agentbolt.server.gateway.swap import WeightSwapGate
-from agentbolt.server.gateway.toolcalls import declared_tool_names
 from agentbolt.store.base import LightningStore
 from agentbolt.types import TERMINAL_ATTEMPT_STATUSES, TERMINAL_ROLLOUT_STATUSES, Attempt, Span
 
@@ -78,13 +91,86 @@ NO_BACKEND_MESSAGE = (
     "'agentbolt serve --backend openai --backend-url URL --model NAME --api-key KEY' (any OpenAI-compatible API)"
 )
 
-_RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: {
-        "description": "A ``chat.completion`` object, or with ``stream: true`` a server-sent event stream of "
-        "``chat.completion.chunk`` objects ending with ``data: [DONE]``.",
-        "content": {"application/json": {}, "text/event-stream": {}},
+
+@dataclass(frozen=True)
+class CallContext:
+    """What a protocol needs besides the spec and the outputs to write its answer."""
+
+    response_id: str
+    created_s: int
+    model: str
+    sampling: Sampling
+    prompt_tokens: int | None = None
+    """The prompt's length when the backend can tell it before generating (Anthropic's ``message_start``)."""
+
+
+@dataclass(frozen=True)
+class Wire:
+    """One wire protocol as the shared serving code sees it."""
+
+    name: str
+    id_prefix: str
+    body: Callable[[CallSpec, list[ChoiceOutput], CallContext], dict[str, Any]]
+    encoder: Callable[[CallSpec, CallContext], StreamEncoder]
+    error_body: Callable[[ErrorInfo], dict[str, Any]] = error_body
+
+
+def _error_response(wire: Wire, info: ErrorInfo) -> JSONResponse:
+    return JSONResponse(status_code=info.status, content=wire.error_body(info))
+
+
+CHAT = Wire(
+    "chat.completions",
+    "chatcmpl-",
+    lambda spec, outputs, ctx: completion_body(
+        spec, outputs, response_id=ctx.response_id, created_s=ctx.created_s, model=ctx.model
+    ),
+    lambda spec, ctx: ChatStreamEncoder(spec, response_id=ctx.response_id, created_s=ctx.created_s, model=ctx.model),
+)
+COMPLETIONS = Wire(
+    "completions",
+    "cmpl-",
+    lambda spec, outputs, ctx: completions_format.completion_body(
+        spec, outputs, response_id=ctx.response_id, created_s=ctx.created_s, model=ctx.model
+    ),
+    lambda spec, ctx: completions_format.CompletionsStreamEncoder(
+        spec, response_id=ctx.response_id, created_s=ctx.created_s, model=ctx.model
+    ),
+)
+
+
+def _applied(ctx: CallContext) -> dict[str, Any]:
+    return {
+        "temperature": ctx.sampling.temperature,
+        "top_p": ctx.sampling.top_p,
+        "max_tokens": ctx.sampling.max_tokens,
     }
-}
+
+
+RESPONSES = Wire(
+    "responses",
+    "resp_",
+    lambda spec, outputs, ctx: responses_format.response_body(
+        spec,
+        outputs[0],
+        response_id=ctx.response_id,
+        created_s=ctx.created_s,
+        model=ctx.model,
+        applied=_applied(ctx),
+    ),
+    lambda spec, ctx: responses_format.ResponsesStreamEncoder(
+        spec, response_id=ctx.response_id, created_s=ctx.created_s, model=ctx.model, applied=_applied(ctx)
+    ),
+)
+MESSAGES = Wire(
+    "messages",
+    "msg_",
+    lambda spec, outputs, ctx: anthropic_format.message_body(outputs[0], message_id=ctx.response_id, model=ctx.model),
+    lambda spec, ctx: anthropic_format.MessagesStreamEncoder(
+        message_id=ctx.response_id, model=ctx.model, input_tokens=ctx.prompt_tokens or 0
+    ),
+    lambda info: anthropic_format.anthropic_error_body(info.status, info.message),
+)
 
 
 async def _check_attempt_open(store: LightningStore, rollout_id: str, attempt_id: str) -> Attempt:
@@ -109,23 +195,102 @@ def _traceparent(header: str | None) -> tuple[str, str] | None:
     return match.group(1), match.group(2)
 
 
-def _generation_requests(body: ChatCompletionBody, sampling: Sampling) -> list[GenerationRequest]:
-    messages = backend_messages(body.messages)
+TOOL_CALL_END = "</tool_call>"
+"""Where a tagged tool call ends: with ``parallel_tool_calls: false`` generation stops there (kept in the text)."""
+
+
+def generation_requests(spec: CallSpec, sampling: Sampling) -> list[GenerationRequest]:
+    """The backend requests of ``spec``: one per choice (choice ``i`` seeded ``seed + i``)."""
+    single_call = not spec.parallel_tool_calls and spec.tool_choice.mode == "auto" and bool(offered_tool_names(spec))
     return [
         GenerationRequest(
-            messages=messages,
-            tools=body.tools or None,
+            messages=spec.messages,
+            tools=spec.tools,
             max_tokens=sampling.max_tokens,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
-            seed=None if body.seed is None else body.seed + index,
+            seed=None if spec.seed is None else spec.seed + index,
+            prompt=spec.prompt,
+            stop=spec.stop,
+            stop_inclusive=(TOOL_CALL_END,) if single_call else (),
+            logprobs=spec.logprobs,
+            top_logprobs=spec.top_logprobs,
+            presence_penalty=spec.presence_penalty,
+            frequency_penalty=spec.frequency_penalty,
+            logit_bias=spec.logit_bias,
+            tool_choice=spec.tool_choice,
+            parallel_tool_calls=spec.parallel_tool_calls,
+            output_format=spec.output_format,
+            chat_template_kwargs=spec.chat_template_kwargs,
         )
-        for index in range(body.choice_count)
+        for index in range(spec.n)
     ]
 
 
+def _enforce_version(spec: CallSpec, sampling: Sampling, enforced: bool) -> tuple[CallSpec, dict[str, Any]]:
+    """Under a job's version (``enforced``) the penalties and logit bias are not applied either: the trainer's
+    logprobs assume the plain tempered distribution. Returns the spec to serve and what the caller asked for."""
+    requested: dict[str, Any] = dict(sampling.requested)
+    asked = {
+        "presence_penalty": spec.presence_penalty,
+        "frequency_penalty": spec.frequency_penalty,
+        "logit_bias": spec.logit_bias,
+    }
+    asked = {key: value for key, value in asked.items() if value}
+    requested.update(asked)
+    if enforced and asked:
+        spec = dataclasses.replace(spec, presence_penalty=0.0, frequency_penalty=0.0, logit_bias=None)
+    return spec, requested
+
+
+def _request_attributes(
+    spec: CallSpec, sampling: Sampling, requested: dict[str, Any], backend: InferenceBackend, request: Request
+) -> dict[str, Any]:
+    attributes: dict[str, Any] = {
+        semconv.LLM_PROTOCOL: spec.protocol,
+        semconv.GEN_AI_REQUEST_MODEL: spec.model or backend.model_name,
+        semconv.GEN_AI_RESPONSE_MODEL: backend.model_name,
+        semconv.GEN_AI_REQUEST_TEMPERATURE: sampling.temperature,
+        semconv.GEN_AI_REQUEST_TOP_P: sampling.top_p,
+        semconv.GEN_AI_REQUEST_MAX_TOKENS: sampling.max_tokens,
+        semconv.LLM_STREAM: spec.stream,
+        **spec.attributes,
+    }
+    if spec.prompt is not None:
+        attributes[semconv.LLM_REQUEST_PROMPT] = spec.prompt
+    else:
+        attributes[semconv.LLM_REQUEST_MESSAGES] = spec.record_messages or spec.messages
+    if spec.presence_penalty:
+        attributes[semconv.GEN_AI_REQUEST_PRESENCE_PENALTY] = spec.presence_penalty
+    if spec.frequency_penalty:
+        attributes[semconv.GEN_AI_REQUEST_FREQUENCY_PENALTY] = spec.frequency_penalty
+    if spec.stop:
+        attributes[semconv.GEN_AI_REQUEST_STOP_SEQUENCES] = list(spec.stop)
+    if spec.seed is not None:
+        attributes[semconv.GEN_AI_REQUEST_SEED] = spec.seed
+    if spec.n != 1:
+        attributes[semconv.GEN_AI_REQUEST_CHOICE_COUNT] = spec.n
+    constraints: dict[str, Any] = {}
+    if spec.tool_choice.mode != "auto":
+        constraints["tool_choice"] = dataclasses.asdict(spec.tool_choice)
+    if not spec.parallel_tool_calls:
+        constraints["parallel_tool_calls"] = False
+    if spec.output_format is not None:
+        constraints["response_format"] = dataclasses.asdict(spec.output_format)
+    if constraints:
+        attributes[semconv.LLM_REQUEST_CONSTRAINTS] = constraints
+    if requested:
+        attributes[semconv.LLM_SAMPLING_REQUESTED] = requested
+    if spec.tools:
+        attributes[semconv.LLM_REQUEST_TOOLS] = spec.tools
+    agent_name = (request.headers.get(semconv.AGENT_NAME_HEADER) or "").strip()
+    if agent_name:
+        attributes[semconv.AGENT_NAME] = agent_name
+    return attributes
+
+
 def _failed_call_spans(
-    recorder: CallRecorder, outcomes: list[GenerationResult | BaseException], tool_names: frozenset[str]
+    recorder: CallRecorder, outcomes: list[GenerationResult | BaseException], spec: CallSpec
 ) -> tuple[ErrorInfo, list[Span]]:
     """Spans of a request in which some choice failed: ERROR spans for the failures; the choices that did generate
     are recorded too but never delivered, so not trainable. Returns the error to answer with (the first one)."""
@@ -138,57 +303,37 @@ def _failed_call_spans(
         if isinstance(outcome, BaseException):
             spans.append(recorder.error_span(index, error_info(outcome), outcome))
         else:
-            content, tool_calls = assistant_message(outcome, tool_names)
-            finish = finish_reason(outcome, bool(tool_calls))
-            message = message_body(content, tool_calls)
+            output = choice_output(index, outcome, spec)
+            message = message_body(output.content, output.tool_calls)
             spans.append(
-                recorder.result_span(index, outcome, message, finish, not_trainable_reason=REASON_NOT_DELIVERED)
+                recorder.result_span(index, outcome, message, output.finish, not_trainable_reason=REASON_NOT_DELIVERED)
             )
     return answer, spans
 
 
-async def _start_streams(
-    backend: InferenceBackend, requests: list[GenerationRequest]
-) -> list[GenerationStream | BaseException]:
-    outcomes = await asyncio.gather(*(start_stream(backend, r) for r in requests), return_exceptions=True)
-    return list(outcomes)
-
-
-@router.post("/chat/completions", responses=_RESPONSES)
-async def chat_completions(rollout_id: str, attempt_id: str, body: ChatCompletionBody, request: Request) -> Response:
-    """OpenAI Chat Completions for one attempt: served by the inference backend, recorded as one
-    ``agentbolt.llm_call`` span per choice with the exact token ids. Supports ``stream`` (server-sent events,
-    ``stream_options.include_usage``), ``n``, ``tools`` and tool-call messages; any ``model`` name maps to the
-    served model. Errors answer in OpenAI's shape: 503 without a backend, 404 unknown attempt, 409 finished
-    attempt, 400 ``context_length_exceeded`` or bad values, 502/503 backend failures (recorded as failed calls)."""
+async def serve_call(
+    request: Request, rollout_id: str, attempt_id: str, make_spec: Callable[[], Any], wire: Wire
+) -> Response:
+    """Serve one call of any protocol in attempt ``attempt_id``: check the attempt, build the spec
+    (``make_spec``, sync or async; RequestRefused -> 400 naming the field), resolve sampling against the attempt's
+    resources version, generate, record one span per choice, answer in the protocol's shape."""
     store: LightningStore = request.app.state.store
     backend: InferenceBackend | None = request.app.state.backend
     if backend is None:
-        return error_response(ErrorInfo(503, "api_error", NO_BACKEND_MESSAGE, "no_backend"))
+        return _error_response(wire, ErrorInfo(503, "api_error", NO_BACKEND_MESSAGE, "no_backend"))
     try:
         attempt = await _check_attempt_open(store, rollout_id, attempt_id)
+        spec = make_spec()
+        if asyncio.iscoroutine(spec):
+            spec = await spec
     except AgentboltError as exc:
-        return error_response(error_info(exc))
+        return _error_response(wire, error_info(exc))
+    assert isinstance(spec, CallSpec)
 
     llm = await request.app.state.version_llms.get(store, attempt.resources_id)
-    sampling = resolve_sampling(requested_sampling(body), llm)
-    requests = _generation_requests(body, sampling)
-    attributes: dict[str, Any] = {
-        semconv.GEN_AI_REQUEST_MODEL: body.model or backend.model_name,
-        semconv.GEN_AI_RESPONSE_MODEL: backend.model_name,
-        semconv.GEN_AI_REQUEST_TEMPERATURE: sampling.temperature,
-        semconv.GEN_AI_REQUEST_TOP_P: sampling.top_p,
-        semconv.GEN_AI_REQUEST_MAX_TOKENS: sampling.max_tokens,
-        semconv.LLM_REQUEST_MESSAGES: body.messages,
-        semconv.LLM_STREAM: bool(body.stream),
-    }
-    if sampling.requested:
-        attributes[semconv.LLM_SAMPLING_REQUESTED] = sampling.requested
-    if body.tools:
-        attributes[semconv.LLM_REQUEST_TOOLS] = body.tools
-    agent_name = (request.headers.get(semconv.AGENT_NAME_HEADER) or "").strip()
-    if agent_name:
-        attributes[semconv.AGENT_NAME] = agent_name
+    sampling = resolve_sampling(spec.sampling_requested, llm)
+    spec, requested = _enforce_version(spec, sampling, llm is not None and llm.sampling_enforced)
+    attributes = _request_attributes(spec, sampling, requested, backend, request)
     held: AgentboltError | None = None
     gate: WeightSwapGate | None = getattr(request.app.state, "swap_gate", None)
     if gate is not None:
@@ -203,48 +348,53 @@ async def chat_completions(rollout_id: str, attempt_id: str, body: ChatCompletio
         rollout_id,
         attempt_id,
         attributes,
-        f"chatcmpl-{uuid.uuid4().hex[:24]}",
+        f"{wire.id_prefix}{uuid.uuid4().hex[:24]}",
         parent=_traceparent(request.headers.get("traceparent")),
     )
+    requests = generation_requests(spec, sampling)
     if held is not None:  # the weight swap outlasted the gate's hold limit
-        answer, spans = _failed_call_spans(recorder, [held] * len(requests), declared_tool_names(body.tools))
+        answer, spans = _failed_call_spans(recorder, [held] * len(requests), spec)
         await recorder.record(spans)
-        return error_response(answer)
-
-    if body.stream:
-        return await _serve_stream(recorder, backend, requests, body)
-    return await _serve_whole(recorder, backend, requests, declared_tool_names(body.tools))
+        return _error_response(wire, answer)
+    context = CallContext(recorder.response_id, int(recorder.start_s), backend.model_name, sampling)
+    if spec.stream:
+        return await _serve_stream(recorder, backend, requests, spec, wire, context)
+    return await _serve_whole(recorder, backend, requests, spec, wire, context)
 
 
 async def _serve_whole(
-    recorder: CallRecorder, backend: InferenceBackend, requests: list[GenerationRequest], tool_names: frozenset[str]
+    recorder: CallRecorder,
+    backend: InferenceBackend,
+    requests: list[GenerationRequest],
+    spec: CallSpec,
+    wire: Wire,
+    context: CallContext,
 ) -> Response:
     outcomes: list[GenerationResult | BaseException] = list(
         await asyncio.gather(*(backend.generate(r) for r in requests), return_exceptions=True)
     )
     if any(isinstance(o, BaseException) for o in outcomes):
-        answer, spans = _failed_call_spans(recorder, outcomes, tool_names)
+        answer, spans = _failed_call_spans(recorder, outcomes, spec)
         await recorder.record(spans)
-        return error_response(answer)
-    results = [o for o in outcomes if isinstance(o, GenerationResult)]
-    choices: list[tuple[GenerationResult, dict[str, Any], str]] = []
-    for result in results:
-        content, tool_calls = assistant_message(result, tool_names)
-        choices.append((result, message_body(content, tool_calls), finish_reason(result, bool(tool_calls))))
-    await recorder.record([recorder.result_span(index, *choice) for index, choice in enumerate(choices)])
-    body = completion_body(
-        response_id=recorder.response_id,
-        created_s=int(recorder.start_s),
-        model=backend.model_name,
-        choices=choices,
+        return _error_response(wire, answer)
+    outputs = [choice_output(index, o, spec) for index, o in enumerate(outcomes) if isinstance(o, GenerationResult)]
+    await recorder.record(
+        [recorder.result_span(o.index, o.result, message_body(o.content, o.tool_calls), o.finish) for o in outputs]
     )
-    return JSONResponse(body)
+    return JSONResponse(wire.body(spec, outputs, context))
 
 
 async def _serve_stream(
-    recorder: CallRecorder, backend: InferenceBackend, requests: list[GenerationRequest], body: ChatCompletionBody
+    recorder: CallRecorder,
+    backend: InferenceBackend,
+    requests: list[GenerationRequest],
+    spec: CallSpec,
+    wire: Wire,
+    context: CallContext,
 ) -> Response:
-    started = await _start_streams(backend, requests)
+    started: list[GenerationStream | BaseException] = list(
+        await asyncio.gather(*(start_stream(backend, r) for r in requests), return_exceptions=True)
+    )
     if any(isinstance(s, BaseException) for s in started):
         # Known before the first byte (context length, bad values, backend down): a plain HTTP error.
         outcomes: list[GenerationResult | BaseException] = []
@@ -257,63 +407,194 @@ async def _serve_stream(
                 outcomes.append(await stream.result())
             except Exception as exc:
                 outcomes.append(exc)
-        answer, spans = _failed_call_spans(recorder, outcomes, declared_tool_names(body.tools))
+        answer, spans = _failed_call_spans(recorder, outcomes, spec)
         await recorder.record(spans)
-        return error_response(answer)
+        return _error_response(wire, answer)
     streams = [s for s in started if not isinstance(s, BaseException)]
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    session = StreamSession(
-        recorder,
-        streams,
-        model=backend.model_name,
-        include_usage=include_usage,
-        tool_names=declared_tool_names(body.tools),
-    )
+    prompt_tokens = getattr(streams[0], "prompt_tokens", None) if streams else None
+    context = dataclasses.replace(context, prompt_tokens=prompt_tokens)
+    session = StreamSession(recorder, streams, spec, wire.encoder(spec, context))
     session.start()
     return SessionResponse(session)
 
 
-plain_router = APIRouter(prefix="/v1")
-"""``POST /v1/chat/completions``: the served model outside any rollout, for callers that are not agents (the prompt
-optimizer's LLM, a quick check with the ``openai`` client). Nothing is recorded."""
+_BODY_DOC = "The protocol's request body (JSON object); every field is honoured, recorded or refused with a 400."
 
 
-@plain_router.post("/chat/completions", responses=_RESPONSES)
-async def plain_chat_completions(body: ChatCompletionBody, request: Request) -> Response:
-    """OpenAI Chat Completions served by the inference backend and recorded nowhere (no rollout, no spans): for
-    callers that are not agents, such as the optimizer LLM of APO and GEPA. Supports ``n``, ``tools`` and tool-call
-    messages like the rollout route; ``stream`` is refused (400: use the rollout route). The weight-swap gate
-    applies. Errors answer in OpenAI's shape: 503 without a backend, 400 bad values or context length exceeded,
-    502/503 backend failures."""
+def _responses(kind: str) -> dict[int | str, dict[str, Any]]:
+    return {
+        200: {
+            "description": f"{kind}, or with ``stream: true`` a server-sent event stream.",
+            "content": {"application/json": {}, "text/event-stream": {}},
+        }
+    }
+
+
+@router.post("/chat/completions", responses=_responses("A ``chat.completion`` object"))
+async def chat_completions(
+    rollout_id: str, attempt_id: str, request: Request, body: dict[str, Any] = Body(description=_BODY_DOC)
+) -> Response:
+    """OpenAI Chat Completions for one attempt: served by the inference backend, recorded as one
+    ``agentbolt.llm_call`` span per choice with the exact token ids. Every request field of the real API is
+    honoured, recorded or refused with a 400 that names it (docs/gateway_conformance.md): ``stop``, ``tool_choice``,
+    ``parallel_tool_calls``, ``response_format`` (constrained decoding), ``logprobs``/``top_logprobs``, ``n``,
+    ``seed``, penalties, ``stream`` with ``stream_options.include_usage``; images and audio are refused (text-only
+    model). Errors answer in OpenAI's shape: 503 without a backend, 404 unknown attempt, 409 finished attempt, 400
+    ``context_length_exceeded`` or bad values, 502/503 backend failures (recorded as failed calls)."""
+    return await serve_call(request, rollout_id, attempt_id, lambda: chat_call(body), CHAT)
+
+
+@router.post("/completions", responses=_responses("A ``text_completion`` object"))
+async def completions(
+    rollout_id: str, attempt_id: str, request: Request, body: dict[str, Any] = Body(description=_BODY_DOC)
+) -> Response:
+    """OpenAI (legacy) Completions for one attempt: the prompt (text or token ids) is fed as it is, without a chat
+    template; recorded like a chat call, with the exact ids. ``stop``, ``logprobs`` (0..5, the legacy shape),
+    ``n``, ``seed``, penalties, ``stream`` are honoured; ``echo``, ``suffix``, ``best_of`` > ``n`` and several
+    prompts in one request are refused with a 400 that names the field."""
+    return await serve_call(
+        request, rollout_id, attempt_id, lambda: completions_format.completions_call(body), COMPLETIONS
+    )
+
+
+async def previous_messages(store: LightningStore, rollout_id: str, response_id: str) -> list[dict[str, Any]]:
+    """The conversation of Responses call ``response_id`` recorded in ``rollout_id``: its request messages and the
+    assistant message it answered, as chat messages.
+
+    Raises:
+        RequestRefused: no such response in this rollout (param ``previous_response_id``).
+    """
+    spans = await store.query_spans(rollout_id)
+    for span in reversed(spans):
+        attributes = span.attributes
+        if span.name != semconv.SPAN_LLM_CALL or attributes.get(semconv.GEN_AI_RESPONSE_ID) != response_id:
+            continue
+        if span.status.code == "ERROR" or attributes.get(semconv.LLM_CHOICE_INDEX, 0) != 0:
+            continue
+        messages = list(attributes.get(semconv.LLM_REQUEST_MESSAGES) or [])
+        answer = attributes.get(semconv.LLM_RESPONSE_MESSAGE)
+        return messages + ([answer] if isinstance(answer, dict) else [])
+    raise RequestRefused(
+        f"previous_response_id {response_id!r} is not a response of rollout {rollout_id}; responses are kept per "
+        "rollout: send the whole conversation as input instead",
+        "previous_response_id",
+        "previous_response_not_found",
+    )
+
+
+@router.post("/responses", responses=_responses("A ``response`` object"))
+async def responses(
+    rollout_id: str, attempt_id: str, request: Request, body: dict[str, Any] = Body(description=_BODY_DOC)
+) -> Response:
+    """OpenAI Responses for one attempt: ``instructions``, input items (messages, ``function_call``,
+    ``function_call_output``), function tools, ``previous_response_id`` (resolved from the calls recorded in this
+    rollout), ``text.format`` (constrained decoding), ``stream`` with the typed events. Recorded like a chat call,
+    with the exact ids. Fields that cannot be honoured (hosted tools, images, ``background``...) get a 400 that
+    names them."""
+    store: LightningStore = request.app.state.store
+
+    async def make_spec() -> CallSpec:
+        previous_id = body.get("previous_response_id") if isinstance(body, dict) else None
+        history = await previous_messages(store, rollout_id, previous_id) if isinstance(previous_id, str) else None
+        return responses_format.responses_call(body, history)
+
+    return await serve_call(request, rollout_id, attempt_id, make_spec, RESPONSES)
+
+
+@router.post("/messages", responses=_responses("An Anthropic ``message`` object"))
+async def messages(
+    rollout_id: str, attempt_id: str, request: Request, body: dict[str, Any] = Body(description=_BODY_DOC)
+) -> Response:
+    """Anthropic Messages for one attempt: ``system``, content blocks, ``tool_use``/``tool_result``,
+    ``stop_sequences``, ``tool_choice``, ``stream`` with the typed events; ``x-api-key`` is accepted like a bearer
+    token. Recorded like a chat call, with the exact ids. Errors answer in Anthropic's shape
+    (``{"type": "error", "error": {"type", "message"}}``)."""
+    return await serve_call(request, rollout_id, attempt_id, lambda: anthropic_format.messages_call(body), MESSAGES)
+
+
+@router.post("/messages/count_tokens")
+async def count_tokens(
+    rollout_id: str, attempt_id: str, request: Request, body: dict[str, Any] = Body(description=_BODY_DOC)
+) -> Response:
+    """Anthropic ``count_tokens``: ``{"input_tokens": N}``, the prompt's length as the served model's chat template
+    renders it. Needs a backend that tokenizes (embedded); others answer 400."""
     backend: InferenceBackend | None = request.app.state.backend
     if backend is None:
-        return error_response(ErrorInfo(503, "api_error", NO_BACKEND_MESSAGE, "no_backend"))
-    if body.stream:
+        return _error_response(MESSAGES, ErrorInfo(503, "api_error", NO_BACKEND_MESSAGE, "no_backend"))
+    try:
+        await _check_attempt_open(request.app.state.store, rollout_id, attempt_id)
+        spec = anthropic_format.count_tokens_call(body)
+        encode = getattr(backend, "encode_prompt", None)
+        if encode is None:
+            raise RequestRefused("count_tokens needs a backend that tokenizes the prompt (the embedded one)")
+        ids = encode(spec.messages, spec.tools, spec.chat_template_kwargs)
+    except AgentboltError as exc:
+        return _error_response(MESSAGES, error_info(exc))
+    return JSONResponse({"input_tokens": len(ids)})
+
+
+def models_body(backend: InferenceBackend) -> dict[str, Any]:
+    """``GET /v1/models``: the served model (every name asked for is served by it)."""
+    return {
+        "object": "list",
+        "data": [{"id": backend.model_name, "object": "model", "created": 0, "owned_by": "agentbolt"}],
+    }
+
+
+@router.get("/models")
+async def rollout_models(rollout_id: str, attempt_id: str, request: Request) -> Response:
+    """OpenAI ``GET /v1/models`` under the attempt's base URL: the served model."""
+    backend: InferenceBackend | None = request.app.state.backend
+    if backend is None:
+        return _error_response(CHAT, ErrorInfo(503, "api_error", NO_BACKEND_MESSAGE, "no_backend"))
+    return JSONResponse(models_body(backend))
+
+
+plain_router = APIRouter(prefix="/v1")
+"""``POST /v1/chat/completions`` and ``GET /v1/models``: the served model outside any rollout, for callers that are
+not agents (the prompt optimizer's LLM, a quick check with the ``openai`` client). Nothing is recorded."""
+
+
+@plain_router.get("/models")
+async def plain_models(request: Request) -> Response:
+    """OpenAI ``GET /v1/models``: the served model."""
+    backend: InferenceBackend | None = request.app.state.backend
+    if backend is None:
+        return _error_response(CHAT, ErrorInfo(503, "api_error", NO_BACKEND_MESSAGE, "no_backend"))
+    return JSONResponse(models_body(backend))
+
+
+@plain_router.post("/chat/completions", responses=_responses("A ``chat.completion`` object"))
+async def plain_chat_completions(request: Request, body: dict[str, Any] = Body(description=_BODY_DOC)) -> Response:
+    """OpenAI Chat Completions served by the inference backend and recorded nowhere (no rollout, no spans): for
+    callers that are not agents, such as the optimizer LLM of APO and GEPA. Same fields as the rollout route;
+    ``stream`` is refused (400: use the rollout route). The weight-swap gate applies. Errors answer in OpenAI's
+    shape: 503 without a backend, 400 bad values or context length exceeded, 502/503 backend failures."""
+    backend: InferenceBackend | None = request.app.state.backend
+    if backend is None:
+        return _error_response(CHAT, ErrorInfo(503, "api_error", NO_BACKEND_MESSAGE, "no_backend"))
+    try:
+        spec = chat_call(body)
+    except AgentboltError as exc:
+        return _error_response(CHAT, error_info(exc))
+    if spec.stream:
         message = (
             "stream is not served on /v1/chat/completions (it records nothing); ask without stream, or call the "
             "rollout route /v1/rollouts/{rollout_id}/attempts/{attempt_id}/v1/chat/completions"
         )
-        return error_response(ErrorInfo(400, "invalid_request_error", message, "stream_unsupported"))
+        return _error_response(CHAT, ErrorInfo(400, "invalid_request_error", message, "stream_unsupported", "stream"))
     gate: WeightSwapGate | None = getattr(request.app.state, "swap_gate", None)
     if gate is not None:
         try:
             await gate.admit()
         except AgentboltError as exc:
-            return error_response(error_info(exc))
-    requests = _generation_requests(body, resolve_sampling(requested_sampling(body), None))
+            return _error_response(CHAT, error_info(exc))
+    sampling = resolve_sampling(spec.sampling_requested, None)
+    requests = generation_requests(spec, sampling)
     outcomes = await asyncio.gather(*(backend.generate(r) for r in requests), return_exceptions=True)
     failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
     if failed is not None:
-        return error_response(error_info(failed))
-    choices: list[tuple[GenerationResult, dict[str, Any], str]] = []
-    tool_names = declared_tool_names(body.tools)
-    for result in [o for o in outcomes if isinstance(o, GenerationResult)]:
-        content, tool_calls = assistant_message(result, tool_names)
-        choices.append((result, message_body(content, tool_calls), finish_reason(result, bool(tool_calls))))
-    body_out = completion_body(
-        response_id=f"chatcmpl-{uuid.uuid4().hex[:24]}",
-        created_s=int(time.time()),
-        model=backend.model_name,
-        choices=choices,
-    )
-    return JSONResponse(body_out)
+        return _error_response(CHAT, error_info(failed))
+    outputs = [choice_output(index, o, spec) for index, o in enumerate(outcomes) if isinstance(o, GenerationResult)]
+    context = CallContext(f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time()), backend.model_name, sampling)
+    return JSONResponse(CHAT.body(spec, outputs, context))

@@ -23,7 +23,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentbolt.server.gateway.openai_format import DEFAULT_MAX_TOKENS, ChatCompletionBody
+from agentbolt.server.gateway.openai_format import DEFAULT_MAX_TOKENS
 from agentbolt.store.base import LightningStore
 from agentbolt.types import LLM
 
@@ -49,22 +49,12 @@ class Sampling:
     requested: dict[str, float | int] = field(default_factory=dict)
 
 
-def requested_sampling(body: ChatCompletionBody) -> dict[str, float | int]:
-    """The sampling fields a Chat Completions request sets: ``temperature``, ``top_p``, ``max_tokens``."""
-    asked: dict[str, float | int | None] = {
-        "temperature": body.temperature,
-        "top_p": body.top_p,
-        "max_tokens": body.max_completion_tokens or body.max_tokens,
-    }
-    return {key: value for key, value in asked.items() if value is not None}
-
-
 def resolve_sampling(requested: dict[str, float | int], llm: LLM | None) -> Sampling:
     """The settings a call runs with, by the rules in the module docstring. A version value that is not a number
     (a user's ``{"temperature": null}``) is not applied.
 
     Args:
-        requested: what the agent set (:func:`requested_sampling`).
+        requested: what the agent set (``CallSpec.sampling_requested``: ``temperature``, ``top_p``, ``max_tokens``).
         llm: the ``llm`` resource of the attempt's resources version; ``None`` outside a version (the request alone
             decides).
     """

@@ -1,12 +1,10 @@
 """``stream: true``: the answer as server-sent events, recorded whole once generation ends.
 
-Wire format (what the ``openai`` client consumes): ``Content-Type: text/event-stream``, one ``data: {json}\\n\\n``
-event per ``chat.completion.chunk``, then ``data: [DONE]\\n\\n``. Per choice: a first chunk with
-``delta: {"role": "assistant", "content": ""}``, content deltas as the backend generates them, one chunk with the
-tool calls (each whole: ``index``, ``id``, ``type``, ``function``) when the model called tools, and a last chunk with
-an empty delta and ``finish_reason``. With ``stream_options.include_usage`` a chunk with empty ``choices`` and the
-``usage`` comes before ``[DONE]``. A failure after the stream started is sent as one ``data: {"error": {...}}``
-event (the ``openai`` client raises it as ``APIError``), without ``[DONE]``.
+Wire format: ``Content-Type: text/event-stream``; which events, in which shape, is the protocol's
+:class:`~agentbolt.server.gateway.calls.StreamEncoder` (Chat Completions chunks, Completions chunks, Responses
+events, Anthropic Messages events). The session calls it in order: ``begin``; per choice ``choice_begin``, ``text``
+for each content delta as the backend generates it, ``choice_end``; then ``end`` (or ``error`` when generation
+failed after the stream started).
 
 Tool calls are written in the text (``<tool_call>`` tags or a bare JSON message), so text that may be part of one
 is held back (:class:`ContentHoldBack`) and the calls are sent once the text is complete.
@@ -22,25 +20,19 @@ and ``agentbolt.llm.trainable = False``.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from agentbolt.inference.base import GenerationResult, GenerationStream
+from agentbolt.server.gateway.calls import CallSpec, ChoiceOutput, StreamEncoder
 from agentbolt.server.gateway.openai_format import (
-    assistant_message,
-    chunk_body,
-    error_body,
+    choice_output,
     error_info,
-    finish_reason,
     message_body,
-    tool_call_deltas,
-    usage_body,
-    usage_chunk_body,
+    offered_tool_names,
 )
 from agentbolt.server.gateway.recording import REASON_NOT_DELIVERED, CallRecorder
 from agentbolt.server.gateway.toolcalls import ToolCall
@@ -127,36 +119,24 @@ def _partial_tag_length(text: str) -> int:
     return 0
 
 
-def _event(body: dict[str, Any]) -> str:
-    return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
-
-
 class StreamSession:
-    """One streamed request: reads the choices' generation streams, queues SSE events, records the spans.
+    """One streamed request: reads the choices' generation streams, queues the protocol's SSE events, records the
+    spans.
 
     Args:
         recorder: records the spans of this request.
         streams: one started generation stream per choice, in choice order.
-        model: the served model name put in every chunk.
-        include_usage: send the usage chunk before ``[DONE]``.
-        tool_names: the functions the request declared (empty: no tools offered, nothing is parsed as a call).
+        spec: the call (which tools are offered, the protocol).
+        encoder: writes the events of the call's protocol.
     """
 
     def __init__(
-        self,
-        recorder: CallRecorder,
-        streams: list[GenerationStream],
-        *,
-        model: str,
-        include_usage: bool,
-        tool_names: frozenset[str],
+        self, recorder: CallRecorder, streams: list[GenerationStream], spec: CallSpec, encoder: StreamEncoder
     ) -> None:
-        self._tool_names = tool_names
         self._recorder = recorder
         self._streams = streams
-        self._model = model
-        self._include_usage = include_usage
-        self._created_s = int(recorder.start_s)
+        self._spec = spec
+        self._encoder = encoder
         self._events: asyncio.Queue[str | None] = asyncio.Queue()
         self._client_gone = False
         self._finished = False
@@ -185,92 +165,73 @@ class StreamSession:
         for stream in self._streams:
             stream.cancel()
 
-    def _send(self, body: dict[str, Any]) -> None:
+    def _send(self, events: list[str]) -> None:
         if not self._client_gone:
-            self._events.put_nowait(_event(body))
-
-    def _chunk(self, index: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return chunk_body(
-            response_id=self._recorder.response_id,
-            created_s=self._created_s,
-            model=self._model,
-            index=index,
-            delta=delta,
-            finish=finish,
-        )
+            for event in events:
+                self._events.put_nowait(event)
 
     async def _produce(self) -> None:
         try:
+            self._send(self._encoder.begin())
             outcomes = await asyncio.gather(
                 *(self._pump(index, stream) for index, stream in enumerate(self._streams)), return_exceptions=True
             )
             first_error: BaseException | None = next((o for o in outcomes if isinstance(o, BaseException)), None)
             spans: list[Span] = []
-            results: list[GenerationResult] = []
+            outputs: list[ChoiceOutput] = []
             for index, outcome in enumerate(outcomes):
                 if isinstance(outcome, BaseException):
                     spans.append(self._recorder.error_span(index, error_info(outcome), outcome))
                     continue
-                result, message, finish = outcome
-                results.append(result)
+                outputs.append(outcome)
                 reason = REASON_NOT_DELIVERED if first_error is not None and not self._client_gone else None
                 spans.append(
                     self._recorder.result_span(
                         index,
-                        result,
-                        message,
-                        finish,
+                        outcome.result,
+                        message_body(outcome.content, outcome.tool_calls),
+                        outcome.finish,
                         not_trainable_reason=reason,
                         client_disconnected=self._client_gone,
                     )
                 )
             await self._recorder.record(spans)
             if first_error is not None:
-                if error_info(first_error).code == "internal_error":
+                info = error_info(first_error)
+                if info.code == "internal_error":
                     logger.error("a gateway stream failed", exc_info=first_error)
-                self._send(error_body(error_info(first_error)))
+                self._send(self._encoder.error(info.status, info.type, info.message, info.code))
                 return
-            if self._include_usage:
-                self._send(
-                    usage_chunk_body(
-                        response_id=self._recorder.response_id,
-                        created_s=self._created_s,
-                        model=self._model,
-                        usage=usage_body(results),
-                    )
-                )
-            if not self._client_gone:
-                self._events.put_nowait("data: [DONE]\n\n")
+            self._send(self._encoder.end(outputs))
         except Exception as exc:  # a bug, or the store failed: tell the client in the stream's error shape
             logger.exception("the gateway stream of %s failed", self._recorder.response_id)
-            self._send(error_body(error_info(exc)))
+            info = error_info(exc)
+            self._send(self._encoder.error(info.status, info.type, info.message, info.code))
         finally:
             self._finished = True
             self._events.put_nowait(None)
 
-    async def _pump(self, index: int, stream: GenerationStream) -> tuple[GenerationResult, dict[str, Any], str]:
-        """Send choice ``index`` as it is generated; return ``(result, message as received, finish_reason)``."""
-        hold = ContentHoldBack(tools_offered=bool(self._tool_names))
-        self._send(self._chunk(index, {"role": "assistant", "content": ""}))
+    async def _pump(self, index: int, stream: GenerationStream) -> ChoiceOutput:
+        """Send choice ``index`` as it is generated; return it with its content as the client received it."""
+        hold = ContentHoldBack(tools_offered=bool(offered_tool_names(self._spec)))
+        self._send(self._encoder.choice_begin(index))
         try:
             async for delta in stream.text_deltas():
                 content = hold.feed(delta)
                 if content:
-                    self._send(self._chunk(index, {"content": content}))
-            result = await stream.result()
+                    self._send(self._encoder.text(index, content))
+            result: GenerationResult = await stream.result()
         except BaseException:
             for other in self._streams:  # the request fails as a whole: stop the other choices
                 other.cancel()
             raise
-        content, tool_calls = assistant_message(result, self._tool_names)
-        rest, received = hold.finish(result.text, content, tool_calls)
+        output = choice_output(index, result, self._spec)
+        rest, received = hold.finish(result.text, output.content, output.tool_calls)
         if rest:
-            self._send(self._chunk(index, {"content": rest}))
-        if tool_calls:
-            self._send(self._chunk(index, {"tool_calls": tool_call_deltas(tool_calls)}))
-        finish = finish_reason(result, bool(tool_calls))
-        self._send(self._chunk(index, {}, finish))
-        return result, message_body(received, tool_calls), finish
+            self._send(self._encoder.text(index, rest))
+        output.content = received
+        self._send(self._encoder.choice_end(output))
+        return output
 
 
 class SessionResponse(StreamingResponse):
