@@ -415,3 +415,38 @@ def test_anthropic_messages_streamed_and_not_with_tools_both_ways_and_an_api_key
         assert answer.status_code == 401
 
     serve(backend, test, token="secret-token")
+
+
+# ---------------------------------------------------------------------- the OpenAI Agents SDK, its default model
+
+
+def test_openai_agents_sdk_with_its_default_responses_model_runs_unchanged(backend: Any) -> None:
+    agents = pytest.importorskip("agents")
+    agents.set_tracing_disabled(True)  # no network: the SDK's own trace export is off; the gateway records
+
+    @agents.function_tool
+    def calculate(expression: str) -> str:
+        """Evaluate an arithmetic expression."""
+        return str(eval(expression, {"__builtins__": {}}))  # noqa: S307 - digits and operators from the test
+
+    async def test(at: Attempt) -> None:
+        agent = agents.Agent(
+            name="calculator",
+            instructions="You are a calculator assistant. Use the calculate tool.",
+            tools=[calculate],
+            model=agents.OpenAIResponsesModel(model="m", openai_client=at.openai()),
+            model_settings=agents.ModelSettings(
+                temperature=0, max_tokens=40, tool_choice="required", parallel_tool_calls=False
+            ),
+        )
+        result = await agents.Runner.run(agent, "What is 12 times 7?", max_turns=3)
+        spans = await at.spans()
+        assert len(spans) >= 2 and {s.attributes[semconv.LLM_PROTOCOL] for s in spans} == {"responses"}
+        for span in spans:
+            _exact(span)
+        # the first call was forced to call the tool; the SDK ran it and sent its output back
+        tool_outputs = [m for m in spans[1].attributes[semconv.LLM_REQUEST_MESSAGES] if m.get("role") == "tool"]
+        assert tool_outputs and tool_outputs[0]["content"].strip() in {"84", "84.0"}
+        assert isinstance(result.final_output, str)
+
+    serve(backend, test)

@@ -48,6 +48,10 @@ class OpenAICompatBackend:
         endpoint: the HTTP endpoint.
     """
 
+    refused_request_fields: frozenset[str] = frozenset({"prompt", "chat_template_kwargs"})
+    """:class:`~agentbolt.inference.base.GenerationRequest` fields this backend cannot pass on (refused with a 400
+    naming them; docs/gateway_conformance.md)."""
+
     def __init__(self, endpoint: ChatEndpoint, model_name: str) -> None:
         self.endpoint = endpoint
         self.model_name = model_name
@@ -99,7 +103,7 @@ class OpenAICompatBackend:
         Raises:
             RequestRefused: a raw ``prompt`` or ``chat_template_kwargs``, which an OpenAI API does not take.
         """
-        refuse_unforwarded(request, "openai", chat_template_kwargs=False)
+        refuse_unforwarded(request, "openai", self.refused_request_fields)
         body: dict[str, Any] = {
             "model": self.model_name,
             "messages": request.messages,

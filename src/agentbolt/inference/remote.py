@@ -78,26 +78,23 @@ def forwarded_fields(request: GenerationRequest) -> dict[str, Any]:
     return body
 
 
-def refuse_unforwarded(request: GenerationRequest, backend: str, *, chat_template_kwargs: bool) -> None:
-    """Refuse what a remote backend cannot pass on: a raw ``prompt`` (legacy Completions) and, for servers that
-    are not vLLM, ``chat_template_kwargs``.
+UNFORWARDED_REASONS: dict[str, str] = {
+    "prompt": "serves chat requests only; the legacy Completions route (a raw prompt) needs the embedded backend",
+    "chat_template_kwargs": "cannot pass on chat_template_kwargs (a vLLM extension)",
+}
+"""Why a remote backend refuses a :class:`GenerationRequest` field it lists in ``refused_request_fields``."""
+
+
+def refuse_unforwarded(request: GenerationRequest, backend: str, refused: frozenset[str]) -> None:
+    """Refuse the fields of ``request`` that the ``backend`` cannot pass on (``refused``: names of
+    :class:`GenerationRequest` attributes, explained by :data:`UNFORWARDED_REASONS`) when they are set.
 
     Raises:
-        RequestRefused: naming the field.
+        RequestRefused: naming the first such field.
     """
-    if request.prompt is not None:
-        raise RequestRefused(
-            f"the {backend} backend serves chat requests only; the legacy Completions route (a raw prompt) needs "
-            "the embedded backend",
-            "prompt",
-        )
-    if request.chat_template_kwargs and not chat_template_kwargs:
-        raise RequestRefused(
-            f"chat_template_kwargs is a vLLM extension that the {backend} backend cannot pass on",
-            "chat_template_kwargs",
-        )
-    if request.stop_inclusive and not request.tools:
-        raise RequestRefused(f"the {backend} backend has no inclusive stop strings", "stop")
+    for name in sorted(refused):
+        if getattr(request, name, None) not in (None, {}, (), []):
+            raise RequestRefused(f"the {backend} backend {UNFORWARDED_REASONS[name]}", name)
 
 
 class ChatEndpoint:

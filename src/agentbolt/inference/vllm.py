@@ -59,6 +59,10 @@ class VLLMBackend:
         endpoint: the HTTP endpoint.
     """
 
+    refused_request_fields: frozenset[str] = frozenset({"prompt"})
+    """:class:`~agentbolt.inference.base.GenerationRequest` fields this backend cannot pass on (refused with a 400
+    naming them; docs/gateway_conformance.md)."""
+
     def __init__(self, endpoint: ChatEndpoint, model_name: str) -> None:
         self.endpoint = endpoint
         self.model_name = model_name
@@ -114,7 +118,7 @@ class VLLMBackend:
         Raises:
             RequestRefused: a raw ``prompt`` (legacy Completions), which this backend does not forward.
         """
-        refuse_unforwarded(request, "vllm", chat_template_kwargs=True)
+        refuse_unforwarded(request, "vllm", self.refused_request_fields)
         body: dict[str, Any] = {
             "model": self.model_name,
             "messages": request.messages,

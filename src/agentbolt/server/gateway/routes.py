@@ -60,6 +60,7 @@ from agentbolt.inference.base import (
     InferenceBackend,
     start_stream,
 )
+from agentbolt.inference.remote import refuse_unforwarded
 from agentbolt.server.gateway import anthropic_format, completions_format, responses_format
 from agentbolt.server.gateway.calls import CallSpec, ChoiceOutput, RequestRefused, StreamEncoder
 from agentbolt.server.gateway.openai_format import (
@@ -227,6 +228,18 @@ def generation_requests(spec: CallSpec, sampling: Sampling) -> list[GenerationRe
     ]
 
 
+def check_backend_fields(backend: InferenceBackend, request: GenerationRequest) -> None:
+    """Refuse, before anything is generated or recorded, a request field the backend cannot pass on (its
+    ``refused_request_fields``, e.g. a raw prompt on the ``vllm`` backend).
+
+    Raises:
+        RequestRefused: naming the field.
+    """
+    refused: frozenset[str] = getattr(backend, "refused_request_fields", frozenset())
+    if refused:
+        refuse_unforwarded(request, getattr(backend, "backend_name", type(backend).__name__), refused)
+
+
 def _enforce_version(spec: CallSpec, sampling: Sampling, enforced: bool) -> tuple[CallSpec, dict[str, Any]]:
     """Under a job's version (``enforced``) the penalties and logit bias are not applied either: the trainer's
     logprobs assume the plain tempered distribution. Returns the spec to serve and what the caller asked for."""
@@ -333,6 +346,11 @@ async def serve_call(
     llm = await request.app.state.version_llms.get(store, attempt.resources_id)
     sampling = resolve_sampling(spec.sampling_requested, llm)
     spec, requested = _enforce_version(spec, sampling, llm is not None and llm.sampling_enforced)
+    requests = generation_requests(spec, sampling)
+    try:
+        check_backend_fields(backend, requests[0])
+    except AgentboltError as exc:
+        return _error_response(wire, error_info(exc))
     attributes = _request_attributes(spec, sampling, requested, backend, request)
     held: AgentboltError | None = None
     gate: WeightSwapGate | None = getattr(request.app.state, "swap_gate", None)
@@ -351,7 +369,6 @@ async def serve_call(
         f"{wire.id_prefix}{uuid.uuid4().hex[:24]}",
         parent=_traceparent(request.headers.get("traceparent")),
     )
-    requests = generation_requests(spec, sampling)
     if held is not None:  # the weight swap outlasted the gate's hold limit
         answer, spans = _failed_call_spans(recorder, [held] * len(requests), spec)
         await recorder.record(spans)
@@ -591,6 +608,10 @@ async def plain_chat_completions(request: Request, body: dict[str, Any] = Body(d
             return _error_response(CHAT, error_info(exc))
     sampling = resolve_sampling(spec.sampling_requested, None)
     requests = generation_requests(spec, sampling)
+    try:
+        check_backend_fields(backend, requests[0])
+    except AgentboltError as exc:
+        return _error_response(CHAT, error_info(exc))
     outcomes = await asyncio.gather(*(backend.generate(r) for r in requests), return_exceptions=True)
     failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
     if failed is not None:
