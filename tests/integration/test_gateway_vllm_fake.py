@@ -105,6 +105,11 @@ class FakeVLLM:
                 error = {"message": "EngineCore died", "type": "InternalServerError", "param": None, "code": 500}
                 return JSONResponse({"error": error}, status_code=500)
             text = self.reply(body)
+            stop_reason = None
+            for stop in body.get("stop") or []:  # vLLM cuts the text before a stop string; stop_reason names it
+                if stop in text:
+                    text, stop_reason = text[: text.index(stop)], stop
+                    break
             ids = [*encode(text)][:max_tokens]
             finish = "length"
             if len(ids) < max_tokens:
@@ -124,7 +129,7 @@ class FakeVLLM:
                 "message": {"role": "assistant", "content": content or None, "tool_calls": calls},
                 "logprobs": {"content": [self._entry(ids, i) for i in range(len(ids))]},
                 "finish_reason": finish,
-                "stop_reason": None,
+                "stop_reason": stop_reason,
             }
             answer: dict[str, Any] = {
                 "id": "chatcmpl-fake",
@@ -278,6 +283,56 @@ def test_fake_vllm_ids_are_recorded_exactly_whole_and_streamed() -> None:
         spans = await gw.spans()
         _assert_recorded_engine_ids(spans, fake)
         assert [s.attributes[semconv.LLM_STREAM] for s in spans] == [False, True]
+        await client.close()
+
+    run_with_fake(FakeVLLM(), test)
+
+
+def test_fake_vllm_gets_every_honoured_field_and_its_answer_comes_back_in_openais_shape() -> None:
+    """stop, tool_choice, parallel_tool_calls, response_format, logprobs/top_logprobs, penalties, logit_bias, seed
+    and chat_template_kwargs reach vLLM as vLLM's OpenAI server takes them (vLLM does the stop strings and the
+    guided decoding itself); vLLM's stop_reason and logprobs entries come back to the client."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+
+    async def test(gw: Gateway, fake: FakeVLLM, backend: VLLMBackend) -> None:
+        client = gw.client()
+        reply = await client.chat.completions.create(
+            model="m",
+            messages=ASK,  # type: ignore[arg-type]
+            max_tokens=64,
+            stop=["engine"],
+            tools=tools,  # type: ignore[arg-type]
+            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+            parallel_tool_calls=False,
+            response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}},
+            logprobs=True,
+            top_logprobs=2,
+            presence_penalty=0.5,
+            frequency_penalty=0.25,
+            logit_bias={"42": -100},
+            seed=7,
+            extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+        )
+        sent = fake.requests[-1]
+        assert sent["stop"] == ["engine"]
+        assert sent["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+        assert sent["parallel_tool_calls"] is False
+        assert sent["response_format"] == {"type": "json_schema", "json_schema": {"name": "city", "schema": schema}}
+        assert sent["logprobs"] is True and sent["top_logprobs"] == 2
+        assert sent["presence_penalty"] == 0.5 and sent["frequency_penalty"] == 0.25
+        assert sent["logit_bias"] == {"42": -100.0} and sent["seed"] == 7
+        assert sent["chat_template_kwargs"] == {"enable_thinking": False}
+        assert reply.choices[0].message.content == "Hello from the fake "
+        assert reply.choices[0].finish_reason == "stop"
+        assert reply.choices[0].logprobs is not None
+        assert [e.logprob for e in reply.choices[0].logprobs.content] == fake.generated[-1].logprobs
+        (span,) = await gw.spans()
+        assert span.attributes[semconv.LLM_STOP_SEQUENCE] == "engine"
+        with pytest.raises(Exception) as refused:  # a raw prompt cannot be forwarded: 400 naming it
+            await client.completions.create(model="m", prompt="Once upon", max_tokens=4)
+        assert getattr(refused.value, "status_code", None) == 400 and "prompt" in str(refused.value)
+        assert len(await gw.spans()) == 1  # the refused request recorded nothing
         await client.close()
 
     run_with_fake(FakeVLLM(), test)
