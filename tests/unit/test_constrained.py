@@ -11,13 +11,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from llguidance import LLMatcher, LLTokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessorList, PreTrainedTokenizerBase
 
+from agentbolt.inference import constrained
+from agentbolt.inference.base import OutputFormat, RequestRefused, ToolChoice
 from agentbolt.inference.constrained import RowGrammars, answer_grammar, tokenizer_info
-from agentbolt.server.gateway.calls import OutputFormat, RequestRefused, ToolChoice
 from agentbolt.server.gateway.toolcalls import parse_tool_calls
 
 
@@ -119,7 +121,10 @@ def test_json_object_and_json_schema(ll_tokenizer: LLTokenizer) -> None:
     assert not _accepts(ll_tokenizer, any_object, 'sure: {"a": 1}')
     schema = answer_grammar(OutputFormat("json_schema", ANSWER_SCHEMA, "answer"), ToolChoice("none"), None, True)
     assert _accepts(ll_tokenizer, schema, '{"answer": 5}')
-    assert _accepts(ll_tokenizer, schema, '{\n  "answer": -7\n}')
+    assert _accepts(ll_tokenizer, schema, '{"answer": -7}')
+    # json.dumps' layout only: what the chat template writes back next turn, and no budget spent on whitespace
+    assert not _accepts(ll_tokenizer, schema, '{\n  "answer": -7\n}')
+    assert not _accepts(ll_tokenizer, schema, '{"answer":5}')
     assert not _accepts(ll_tokenizer, schema, '{"answer": "5"}')
     assert not _accepts(ll_tokenizer, schema, '{"answer": 5, "more": 1}')
 
@@ -178,6 +183,64 @@ def test_parameters_with_refs_resolve_inside_the_arguments(ll_tokenizer: LLToken
     assert not _accepts(ll_tokenizer, grammar, _block("weather", '{"unit": "k"}'))
 
 
+def test_tags_that_are_single_tokens_may_be_written_as_those_tokens(smollm2_dir: Path) -> None:
+    # Qwen2.5's tokenizer has <tool_call> and </tool_call> as added tokens; give SmolLM2's the same two
+    hf_tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    hf_tokenizer.add_tokens(["<tool_call>", "</tool_call>"])
+    tokenizer = tokenizer_info(hf_tokenizer)
+    text = _block("calculate", '{"expression": "1+1"}')
+    ids = list(hf_tokenizer.encode(text, add_special_tokens=False))
+    assert ids[0] == hf_tokenizer.convert_tokens_to_ids("<tool_call>")  # what the model was trained to write
+    choice = ToolChoice("function", "calculate")
+
+    def accepts_ids(grammar: str | None) -> bool:
+        assert grammar is not None
+        matcher = LLMatcher(tokenizer, grammar, log_level=0)
+        return matcher.consume_tokens(ids) and matcher.is_accepting()
+
+    assert accepts_ids(answer_grammar(None, choice, [CALCULATE], True, tokenizer=tokenizer))
+    assert not accepts_ids(answer_grammar(None, choice, [CALCULATE], True))  # text only: the tag token is refused
+    assert parse_tool_calls(hf_tokenizer.decode(ids, skip_special_tokens=True))[1][0]["function"]["name"] == "calculate"
+
+
+# ---------------------------------------------------------------------- RowGrammars
+
+
+@pytest.mark.parametrize("width", [70, 64, 100])
+def test_bitmasks_unpack_to_the_ids_they_name_on_both_paths(width: int) -> None:
+    allowed = {0: [0, 5, 31, 32, 63], 1: [1, 30, 62]}  # 31 and 63: the sign bit of a word
+    words_RW = np.zeros((2, 2), dtype=np.int32)
+    for row, ids in allowed.items():
+        for token_id in ids:
+            words_RW[row, token_id // 32] |= np.int32(np.uint32(1 << (token_id % 32)).view(np.int32))
+    expected = torch.zeros((2, width), dtype=torch.bool)  # ids past the 64 of the masks: never allowed
+    for row, ids in allowed.items():
+        expected[row, [t for t in ids if t < width]] = True
+    assert torch.equal(constrained._unpack_numpy(words_RW, width), expected)
+    assert torch.equal(constrained._unpack_torch(words_RW, width, torch.device("cpu")), expected)
+
+
+def test_rows_past_their_grammar_may_only_stop_and_free_rows_are_untouched(
+    hf_tokenizer: PreTrainedTokenizerBase, ll_tokenizer: LLTokenizer
+) -> None:
+    grammar = answer_grammar(OutputFormat("json_object"), AUTO, None, True)
+    stop_ids = [2, 0]
+    processor = RowGrammars(ll_tokenizer, [grammar, None, grammar], prompt_len=1, stop_token_ids=stop_ids)
+    width = ll_tokenizer.vocab_size + 64  # the model pads its output layer
+    scores = torch.zeros((3, width))
+    first = processor(torch.tensor([[7], [7], [7]]), scores)
+    assert torch.equal(first[1], scores[1])
+    assert torch.isinf(first[0, ll_tokenizer.vocab_size :]).all()  # the padding ids
+    assert torch.isinf(first[0, stop_ids]).all()  # "" is not an object: no stop yet
+    brace = list(hf_tokenizer.encode("{}", add_special_tokens=False))
+    assert len(brace) == 1 and not torch.isinf(first[0, brace[0]])
+    # row 0 wrote "{}" (complete); row 2 was stopped by the backend and got padding its grammar did not allow
+    second = processor(torch.tensor([[7, brace[0]], [7, 5], [7, 5]]), scores)
+    assert torch.isfinite(second[0]).sum() == len(stop_ids) and torch.isfinite(second[0, stop_ids]).all()
+    assert torch.equal(second[2], scores[2]) and torch.equal(second[1], scores[1])
+    assert processor.errors == [None, None, None]
+
+
 # ---------------------------------------------------------------------- RowGrammars inside model.generate
 
 
@@ -195,8 +258,8 @@ def test_a_batch_with_a_schema_row_a_forced_call_row_and_a_free_row(
 ) -> None:
     model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
     grammars = [
-        answer_grammar(OutputFormat("json_schema", ANSWER_SCHEMA), AUTO, None, True),
-        answer_grammar(None, ToolChoice("function", "calculate"), [CALCULATE], True),
+        answer_grammar(OutputFormat("json_schema", ANSWER_SCHEMA), AUTO, None, True, tokenizer=ll_tokenizer),
+        answer_grammar(None, ToolChoice("function", "calculate"), [CALCULATE], True, tokenizer=ll_tokenizer),
         None,
     ]
     questions = ["What is 2+3? Answer in JSON.", "Compute 17*23.", "Say hi."]

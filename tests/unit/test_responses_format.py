@@ -15,6 +15,7 @@ from pydantic import TypeAdapter
 from agentbolt.inference.base import GenerationResult
 from agentbolt.server.gateway.calls import ChoiceOutput, OutputFormat, RequestRefused, ToolChoice
 from agentbolt.server.gateway.responses_format import (
+    ATTR_CLIENT_METADATA,
     ATTR_METADATA,
     ATTR_REASONING,
     RESPONSES_FIELDS,
@@ -141,11 +142,13 @@ def test_fields_codex_sends_are_served_and_recorded() -> None:
             "include": ["reasoning.encrypted_content"],
             "prompt_cache_key": "session-1",
             "metadata": {"run": "7"},
+            "client_metadata": {"thread_id": "t-1", "x-codex-turn-metadata": '{"turn_id":"u-1"}'},
         }
     )
     assert spec.stream and not spec.parallel_tool_calls and not spec.logprobs
     assert spec.attributes[ATTR_REASONING] == {"effort": "medium", "summary": "auto"}
     assert spec.attributes[ATTR_METADATA] == {"run": "7"}
+    assert spec.attributes[ATTR_CLIENT_METADATA] == {"thread_id": "t-1", "x-codex-turn-metadata": '{"turn_id":"u-1"}'}
 
 
 def test_sampling_logprobs_format_and_tool_choice() -> None:
@@ -206,6 +209,7 @@ def test_sampling_logprobs_format_and_tool_choice() -> None:
         ({"input": "x", "prompt": {"id": "pmpt_1"}}, "prompt", "unsupported_parameter"),
         ({"input": "x", "conversation": "conv_1"}, "conversation", "unsupported_parameter"),
         ({"input": "x", "include": ["file_search_call.everything"]}, "include[0]", "invalid_value"),
+        ({"input": "x", "client_metadata": {"turn": 1}}, "client_metadata", "invalid_value"),
         ({"instructions": "only instructions"}, "input", "missing_required_parameter"),
     ],
 )
@@ -226,7 +230,8 @@ def test_every_create_param_is_known() -> None:
     from openai.types.responses import response_create_params
 
     known = set(response_create_params.ResponseCreateParamsBase.__annotations__) | {"stream"}
-    assert known == set(RESPONSES_FIELDS)
+    assert set(RESPONSES_FIELDS) - known == {"client_metadata"}  # Codex CLI's own field, recorded
+    assert known <= set(RESPONSES_FIELDS)
 
 
 # ----- answers -----

@@ -356,7 +356,7 @@ class EmbeddedBackend:
             ConfigError: bad sampling values, or the chat template rejects the messages.
             BackendError: the backend is closed or generation failed.
         """
-        pending = self._submit(request)
+        pending = self._submit(request, grammar=await self._answer_grammar(request))
         return await pending.future
 
     async def stream(self, request: GenerationRequest) -> _EmbeddedStream:
@@ -373,12 +373,33 @@ class EmbeddedBackend:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening
                 loop.call_soon_threadsafe(tokens.put_nowait, token_id)
 
-        pending = self._submit(request, on_token)
+        pending = self._submit(request, on_token, await self._answer_grammar(request))
         # Runs in the loop after every token callback scheduled before the future was settled: the end marker.
         pending.future.add_done_callback(lambda _: tokens.put_nowait(None))
         return _EmbeddedStream(self, pending, tokens)
 
-    def _submit(self, request: GenerationRequest, on_token: Callable[[int], None] | None = None) -> _Pending:
+    async def _answer_grammar(self, request: GenerationRequest) -> str | None:
+        """The grammar of a constrained request (:func:`~agentbolt.inference.constrained.answer_grammar`), or
+        ``None``. The llguidance tokenizer is built once, off the event loop (0.7-2.8 s).
+
+        Raises:
+            RequestRefused: a schema or tool choice that cannot be compiled (names the field).
+        """
+        if request.output_format is None and request.tool_choice.mode not in ("required", "function"):
+            return None
+        from agentbolt.inference.constrained import answer_grammar, tokenizer_info  # llguidance: only when asked
+
+        info = await asyncio.to_thread(tokenizer_info, self.tokenizer)
+        return answer_grammar(
+            request.output_format, request.tool_choice, request.tools, request.parallel_tool_calls, tokenizer=info
+        )
+
+    def _submit(
+        self,
+        request: GenerationRequest,
+        on_token: Callable[[int], None] | None = None,
+        grammar: str | None = None,
+    ) -> _Pending:
         """Check and encode ``request`` (in the caller's loop), then queue it for the worker."""
         _check_sampling(request)
         if request.prompt is not None:
@@ -390,13 +411,6 @@ class EmbeddedBackend:
                 f"the prompt has {len(prompt_token_ids)} tokens and max_tokens is {request.max_tokens}: together "
                 f"more than the model's context of {self.max_context_tokens} tokens; shorten the conversation "
                 "or lower max_tokens"
-            )
-        grammar = None
-        if request.output_format is not None or request.tool_choice.mode in ("required", "function"):
-            from agentbolt.inference.constrained import answer_grammar  # llguidance: only when asked for
-
-            grammar = answer_grammar(
-                request.output_format, request.tool_choice, request.tools, request.parallel_tool_calls
             )
         loop = asyncio.get_running_loop()
         pending = _Pending(request, prompt_token_ids, loop.create_future(), loop, on_token=on_token, grammar=grammar)

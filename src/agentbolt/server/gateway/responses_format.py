@@ -42,6 +42,9 @@ ATTR_INSTRUCTIONS: Final = "agentbolt.llm.request.instructions"
 ATTR_PREVIOUS_RESPONSE_ID: Final = "agentbolt.llm.request.previous_response_id"
 ATTR_METADATA: Final = "agentbolt.llm.request.metadata"
 """dict[str, str]: the request's ``metadata``."""
+ATTR_CLIENT_METADATA: Final = "agentbolt.llm.request.client_metadata"
+"""dict[str, str]: the request's ``client_metadata`` (Codex CLI sends its thread, turn and window ids there on
+every call); recorded, not echoed."""
 ATTR_USER: Final = "agentbolt.llm.request.user"
 ATTR_SAFETY_IDENTIFIER: Final = "agentbolt.llm.request.safety_identifier"
 ATTR_PROMPT_CACHE_KEY: Final = "agentbolt.llm.request.prompt_cache_key"
@@ -86,6 +89,7 @@ RESPONSES_FIELDS: dict[str, str] = {
     "max_tool_calls": "recorded, echoed (it limits hosted-tool calls, which are never made here)",
     "store": "recorded, echoed (every call is stored in the rollout anyway)",
     "metadata": "recorded, echoed",
+    "client_metadata": "recorded (not in ResponseCreateParams: Codex CLI's per-turn ids, a map of strings)",
     "user": "recorded, echoed",
     "safety_identifier": "recorded, echoed",
     "prompt_cache_key": "recorded, echoed (prefix caching is the backend's own)",
@@ -102,8 +106,8 @@ RESPONSES_FIELDS: dict[str, str] = {
     "access_programs": "refused unless null",
 }
 """What the gateway does with each Responses request field (the keys of the ``openai`` package's
-``ResponseCreateParams``); a key not here is refused as OpenAI refuses it ("Unrecognized request argument
-supplied")."""
+``ResponseCreateParams``, plus ``client_metadata``, which Codex CLI sends on every call); a key not here is refused
+as OpenAI refuses it ("Unrecognized request argument supplied")."""
 
 _INCLUDABLE = frozenset(
     {
@@ -471,6 +475,7 @@ def _recorded_attributes(body: dict[str, Any]) -> dict[str, Any]:
         ATTR_REASONING: dict,
         ATTR_TEXT: dict,
         ATTR_METADATA: dict,
+        ATTR_CLIENT_METADATA: dict,
         ATTR_SERVICE_TIER: str,
         ATTR_MAX_TOOL_CALLS: int,
         ATTR_INCLUDE: list,
@@ -486,6 +491,8 @@ def _recorded_attributes(body: dict[str, Any]) -> dict[str, Any]:
         raise RequestRefused(
             f"metadata must map at most {_METADATA_MAX_KEYS} keys to string values", "metadata", "invalid_value"
         )
+    if not all(isinstance(v, str) for v in attributes.get(ATTR_CLIENT_METADATA, {}).values()):
+        raise RequestRefused("client_metadata must map keys to string values", "client_metadata", "invalid_value")
     tier = attributes.get(ATTR_SERVICE_TIER)
     if tier is not None and tier not in _SERVICE_TIERS:
         raise RequestRefused(f"service_tier must be one of {sorted(_SERVICE_TIERS)}", "service_tier", "invalid_value")

@@ -1,0 +1,1 @@
+"""Example: a real coding-agent CLI (Codex) run against the gateway, its calls recorded (see README.md)."""
