@@ -451,3 +451,58 @@ def test_openai_agents_sdk_with_its_default_responses_model_runs_unchanged(backe
         assert isinstance(result.final_output, str)
 
     serve(backend, test)
+
+
+def test_a_codex_shaped_conversation_is_served_and_recorded(backend: Any) -> None:
+    """The requests Codex CLI 0.171 sends (examples/coding_cli: the CLI itself needs a 32k-context model and minutes
+    of CPU per call, too long for this suite), shortened: instructions as ``developer`` items with ids, function
+    tools, ``reasoning``, ``include``, ``store: false`` with the whole history resent (``function_call`` and
+    ``function_call_output`` items), ``prompt_cache_key`` and Codex's own ``client_metadata``; streamed."""
+    exec_command = {
+        "type": "function",
+        "name": "exec_command",
+        "description": "Run a shell command",
+        "strict": False,
+        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
+    }
+    common: dict[str, Any] = {
+        "model": "gpt-5-codex",
+        "instructions": "",
+        "tools": [exec_command],
+        "tool_choice": "auto",
+        "parallel_tool_calls": True,
+        "reasoning": {"summary": "auto"},
+        "store": False,
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "thread-1",
+        "max_output_tokens": 12,
+        "temperature": 0,
+        "extra_body": {"client_metadata": {"thread_id": "thread-1", "x-codex-turn-metadata": '{"turn_id":"u-1"}'}},
+    }
+    developer = {
+        "type": "message",
+        "id": "msg_dev",
+        "role": "developer",
+        "content": [{"type": "input_text", "text": "You are a coding agent. Use exec_command to run commands."}],
+    }
+    user = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Create hello.txt"}]}
+    call = {"type": "function_call", "call_id": "call_1", "name": "exec_command", "arguments": '{"cmd": "ls"}'}
+    output = {"type": "function_call_output", "call_id": "call_1", "output": "README.md"}
+
+    async def test(at: Attempt) -> None:
+        client = at.openai()
+        for input_items in ([developer, user], [developer, user, call, output]):
+            async with client.responses.stream(input=input_items, **common) as stream:
+                response = await stream.get_final_response()
+            assert response.status in ("completed", "incomplete")
+        spans = await at.spans()
+        assert len(spans) == 2
+        for span in spans:
+            _exact(span)
+            assert span.attributes["agentbolt.llm.request.client_metadata"]["thread_id"] == "thread-1"
+        second = spans[1].attributes[semconv.LLM_REQUEST_MESSAGES]
+        assert [m["role"] for m in second] == ["system", "user", "assistant", "tool"]
+        assert second[2]["tool_calls"][0]["function"] == {"name": "exec_command", "arguments": '{"cmd": "ls"}'}
+        await client.close()
+
+    serve(backend, test)
