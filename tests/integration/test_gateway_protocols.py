@@ -506,3 +506,25 @@ def test_a_codex_shaped_conversation_is_served_and_recorded(backend: Any) -> Non
         await client.close()
 
     serve(backend, test)
+
+
+def test_a_conversation_sent_back_reuses_the_generated_ids(backend: Any) -> None:
+    """The model's answer, sent back in the next turn, is rendered as text by the template and would be tokenized
+    again; the backend keeps the ids the model generated instead (TranscriptCache), so the next prompt extends the
+    previous prompt + response token for token. Checked with a split of the answer that plain tokenization would
+    never give (one id per character), as a sampled answer sometimes has."""
+    messages = [{"role": "user", "content": "Name a color."}]
+    answer = "Blue, like the sky."
+    turn1 = backend.encode_prompt(messages)
+    odd_split = [backend.tokenizer.convert_tokens_to_ids(backend.tokenizer.tokenize(c))[0] for c in answer]
+    end = backend.stop_token_ids
+    im_end = [i for i in end if backend.tokenizer.convert_ids_to_tokens(i) == "<|im_end|>"]
+    generated = [*turn1, *odd_split, *im_end[:1]]
+    text = backend.tokenizer.decode(generated, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    backend.transcripts.add(text, generated)
+    follow_up = [*messages, {"role": "assistant", "content": answer}, {"role": "user", "content": "Another?"}]
+    turn2 = backend.encode_prompt(follow_up)
+    assert turn2[: len(generated)] == generated
+    # the same text, tokenized, with the usual split: what the prompt was before
+    plain = list(backend.tokenizer(backend.tokenizer.decode(turn2), add_special_tokens=False)["input_ids"])
+    assert plain != turn2 and backend.tokenizer.decode(plain) == backend.tokenizer.decode(turn2)

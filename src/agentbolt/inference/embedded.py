@@ -75,6 +75,7 @@ from agentbolt.inference.generation_hooks import (
 )
 from agentbolt.inference.model_files import MARKER_FILE, MODEL_SPECS, prepare_model
 from agentbolt.inference.stop_text import StopTextFilter, cut_at_stop
+from agentbolt.inference.transcripts import TranscriptCache
 
 logger = logging.getLogger(__name__)
 
@@ -193,6 +194,8 @@ class EmbeddedBackend:
         self._template_renders_tool_calls = "tool_calls" in template
         self._template_renders_tools = "tools" in template
         self.stats = ThroughputStats()
+        self.transcripts = TranscriptCache()
+        """Recent generations' prompt + response, reused by :meth:`encode_prompt`."""
 
         self._queue: collections.deque[_Pending] = collections.deque()
         self._cond = threading.Condition()
@@ -306,7 +309,10 @@ class EmbeddedBackend:
 
         OpenAI messages are adapted first (``chat_format.normalize_messages``); when the template cannot render
         tools or tool calls, they are written in the Hermes/Qwen text form instead. ``chat_template_kwargs`` are
-        extra template variables (e.g. ``enable_thinking``).
+        extra template variables (e.g. ``enable_thinking``). The rendered text is tokenized as
+        ``apply_chat_template`` does, except that a part of it that is a recent generation's prompt + response
+        keeps that generation's ids (:class:`~agentbolt.inference.transcripts.TranscriptCache`), so a conversation
+        that sends the model's answers back extends its earlier calls token for token.
 
         Raises:
             ConfigError: the template rejects the messages.
@@ -317,17 +323,20 @@ class EmbeddedBackend:
             chat = tools_in_system_message(chat, template_tools)
             template_tools = None
         try:
-            encoded = self.tokenizer.apply_chat_template(
+            rendered = self.tokenizer.apply_chat_template(
                 chat,
                 tools=template_tools,
                 add_generation_prompt=True,
-                tokenize=True,
-                return_dict=True,
+                tokenize=False,
                 **(chat_template_kwargs or {}),
             )
         except Exception as exc:  # jinja errors: bad roles, order, missing fields
             raise ConfigError(f"the chat template cannot render these messages: {exc}") from exc
-        return list(encoded["input_ids"])  # type: ignore[index]
+        return self.transcripts.encode(str(rendered), self._tokenize)
+
+    def _tokenize(self, text: str) -> list[int]:
+        """``text`` (a rendered template: special tokens written out) as ids, as ``apply_chat_template`` does."""
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])  # type: ignore[index]
 
     def encode_text(self, prompt: str | list[int]) -> list[int]:
         """The ids of a raw prompt (legacy Completions): text tokenized as the tokenizer does by default (its BOS
@@ -703,6 +712,12 @@ class EmbeddedBackend:
                     logprobs_BT[row],
                     None if top_BTK is None else (top_BTK[0][row], top_BTK[1][row]),
                     request.top_logprobs,
+                )
+            if finish_reason != "abort" and pending.request.prompt is None:
+                full = [*pending.prompt_token_ids, *ids]
+                self.transcripts.add(
+                    str(self.tokenizer.decode(full, skip_special_tokens=False, clean_up_tokenization_spaces=False)),
+                    full,
                 )
             results.append(
                 GenerationResult(
