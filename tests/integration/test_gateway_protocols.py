@@ -529,3 +529,42 @@ def test_a_conversation_sent_back_reuses_the_generated_ids(backend: Any) -> None
     # the same text, tokenized, with the usual split: what the prompt was before
     plain = list(backend.tokenizer(backend.tokenizer.decode(turn2), add_special_tokens=False)["input_ids"])
     assert plain != turn2 and backend.tokenizer.decode(plain) == backend.tokenizer.decode(turn2)
+
+
+def test_refusals_from_the_backend_record_nothing_and_cut_answers_leak_no_markup(backend: Any) -> None:
+    """Found by a new-user pass: a logit_bias id outside the vocabulary answered 503 (and the SDK retried it); a
+    forced tool call cut at max_tokens came back as raw ``<tool_call>`` text; logprobs ran past a stop string."""
+    import openai
+
+    async def test(at: Attempt) -> None:
+        client = at.openai()
+        messages = [{"role": "user", "content": "What is 12 times 7?"}]
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.chat.completions.create(model="m", messages=messages, logit_bias={"99999999": 5})
+        assert refused.value.body["param"] == "logit_bias" and "outside the vocabulary" in str(refused.value)
+        assert await at.spans() == []  # refused before anything was generated: nothing recorded
+        cut = await client.chat.completions.create(
+            model="m",
+            messages=messages,
+            tools=[MULTIPLY],
+            tool_choice={"type": "function", "function": {"name": "multiply"}},
+            max_tokens=8,
+            temperature=0,
+        )
+        assert cut.choices[0].finish_reason == "length"
+        assert cut.choices[0].message.content is None and not cut.choices[0].message.tool_calls
+        (span,) = await at.spans()
+        assert "<tool_call>" in _decoded(backend, span)  # generated and recorded, never returned as text
+        stopped = await client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "Count: one, two, three, four"}],
+            max_tokens=24,
+            temperature=0,
+            stop=["Three"],
+            logprobs=True,
+        )
+        tokens = "".join(entry.token for entry in stopped.choices[0].logprobs.content)
+        assert tokens.startswith(stopped.choices[0].message.content or "") and "Three" not in tokens
+        await client.close()
+
+    serve(backend, test)

@@ -88,6 +88,9 @@ class OutputFormat:
 TOP_LOGPROBS_MAX = 20
 """Largest ``top_logprobs`` served (OpenAI's limit)."""
 
+MAX_STOP_STRINGS = 16
+"""Most stop strings in one request, every protocol (OpenAI allows 4; vLLM more)."""
+
 
 @dataclass(frozen=True)
 class GenerationRequest:

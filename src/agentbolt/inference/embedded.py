@@ -62,6 +62,7 @@ from agentbolt.inference.base import (
     FinishReason,
     GenerationRequest,
     GenerationResult,
+    RequestRefused,
 )
 from agentbolt.inference.chat_format import normalize_messages, tools_in_system_message
 from agentbolt.inference.generation_hooks import (
@@ -352,9 +353,11 @@ class EmbeddedBackend:
             vocab = len(self.tokenizer)
             bad = [i for i in ids if not 0 <= i < vocab]
             if bad:
-                raise ConfigError(f"prompt token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+                raise RequestRefused(
+                    f"prompt token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", "prompt", "invalid_value"
+                )
         if not ids:
-            raise ConfigError("the prompt is empty; send at least one token")
+            raise RequestRefused("the prompt is empty; send at least one token", "prompt", "invalid_value")
         return ids
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
@@ -411,6 +414,12 @@ class EmbeddedBackend:
     ) -> _Pending:
         """Check and encode ``request`` (in the caller's loop), then queue it for the worker."""
         _check_sampling(request)
+        vocab = len(self.tokenizer)
+        outside = [token_id for token_id in (request.logit_bias or {}) if not 0 <= token_id < vocab]
+        if outside:
+            raise RequestRefused(
+                f"logit_bias token id {outside[0]} is outside the vocabulary (0..{vocab - 1})", "logit_bias"
+            )
         if request.prompt is not None:
             prompt_token_ids = self.encode_text(request.prompt)
         else:
@@ -713,6 +722,8 @@ class EmbeddedBackend:
                     None if top_BTK is None else (top_BTK[0][row], top_BTK[1][row]),
                     request.top_logprobs,
                 )
+                if stop_sequence is not None:  # the stop string's tokens are not in the returned text
+                    token_logprobs = _within(token_logprobs, len(text))
             if finish_reason != "abort" and pending.request.prompt is None:
                 full = [*pending.prompt_token_ids, *ids]
                 self.transcripts.add(
@@ -859,6 +870,19 @@ def _stop_token_ids(model: Any, tokenizer: PreTrainedTokenizerBase) -> list[int]
     if not ids:
         raise ConfigError("the tokenizer has no eos token and no known end-of-turn token; cannot tell when to stop")
     return ids
+
+
+def _within(entries: list[dict[str, Any]], length: int) -> list[dict[str, Any]]:
+    """The first token entries whose texts add up to at most ``length`` characters, and the one that crosses it
+    (a token that holds both the end of the text and the start of the stop string)."""
+    kept: list[dict[str, Any]] = []
+    total = 0
+    for entry in entries:
+        if total >= length:
+            break
+        kept.append(entry)
+        total += len(entry["token"])
+    return kept
 
 
 def _resolve(pending: _Pending, outcome: GenerationResult | BaseException) -> None:

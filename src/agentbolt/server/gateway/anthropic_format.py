@@ -45,6 +45,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
+from agentbolt.inference.base import MAX_STOP_STRINGS
 from agentbolt.server.gateway.calls import CallSpec, ChoiceOutput, OutputFormat, RequestRefused, ToolCall, ToolChoice
 
 PROTOCOL: Final = "messages"
@@ -287,6 +288,8 @@ def _stop_sequences(value: Any) -> tuple[str, ...]:
     for k, item in enumerate(value):
         if not isinstance(item, str) or not item:
             raise _invalid(f"stop_sequences[{k}]", f"must be a non-empty string, not {item!r}")
+    if len(value) > MAX_STOP_STRINGS:
+        raise _invalid("stop_sequences", f"takes at most {MAX_STOP_STRINGS} strings, got {len(value)}")
     return tuple(value)
 
 

@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse
 
 from agentbolt.errors import BackendError, ConfigError, ConflictError, NotFoundError
 from agentbolt.inference.base import (
+    MAX_STOP_STRINGS,
     TOP_LOGPROBS_MAX,
     ContextLengthExceededError,
     GenerationResult,
@@ -42,8 +43,6 @@ DEFAULT_MAX_TOKENS = 512
 MAX_CHOICES = 128
 """Largest accepted ``n`` (OpenAI's own limit)."""
 
-MAX_STOP_STRINGS = 16
-"""Most stop strings in one request (OpenAI allows 4; vLLM more)."""
 
 TEXT_ONLY = "the served model is text-only: send text content (images, audio and files are not served)"
 
@@ -272,6 +271,8 @@ def logit_bias_field(value: Any) -> dict[int, float] | None:
             token_id = int(key)
         except (TypeError, ValueError):
             raise RequestRefused(f"logit_bias key {key!r} is not a token id", "logit_bias", "invalid_value") from None
+        if token_id < 0:
+            raise RequestRefused(f"logit_bias key {key!r} is not a token id", "logit_bias", "invalid_value")
         if isinstance(number, bool) or not isinstance(number, int | float) or not -100 <= number <= 100:
             raise RequestRefused(f"logit_bias values must be in [-100, 100], got {number!r}", "logit_bias")
         bias[token_id] = float(number)
@@ -470,10 +471,19 @@ def offered_tool_names(spec: CallSpec) -> frozenset[str]:
     return declared_tool_names(spec.tools)
 
 
+TOOL_CALL_TAG = "<tool_call>"
+
+
 def choice_output(index: int, result: GenerationResult, spec: CallSpec) -> ChoiceOutput:
     """Choice ``index`` of ``spec`` as the caller gets it: content, tool calls (parsed only for offered functions; the
-    first one only when ``parallel_tool_calls`` is false) and finish reason."""
-    content, tool_calls = assistant_message(result, offered_tool_names(spec))
+    first one only when ``parallel_tool_calls`` is false) and finish reason. A tool call the model did not finish
+    (cut at ``max_tokens``) is neither a call nor content: the content ends before its ``<tool_call>`` tag (the
+    recorded ids keep every generated token)."""
+    names = offered_tool_names(spec)
+    content, tool_calls = assistant_message(result, names)
+    if names and content and TOOL_CALL_TAG in content:
+        # a tool call the model did not finish (cut at max_tokens): its markup is not an answer
+        content = content[: content.index(TOOL_CALL_TAG)].rstrip() or None
     if not spec.parallel_tool_calls:
         tool_calls = tool_calls[:1]
     return ChoiceOutput(

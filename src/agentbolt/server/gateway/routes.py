@@ -390,6 +390,9 @@ async def _serve_whole(
     outcomes: list[GenerationResult | BaseException] = list(
         await asyncio.gather(*(backend.generate(r) for r in requests), return_exceptions=True)
     )
+    refused = next((o for o in outcomes if isinstance(o, RequestRefused)), None)
+    if refused is not None:  # a field the backend cannot honour: nothing was generated, nothing is recorded
+        return _error_response(wire, error_info(refused))
     if any(isinstance(o, BaseException) for o in outcomes):
         answer, spans = _failed_call_spans(recorder, outcomes, spec)
         await recorder.record(spans)
@@ -414,6 +417,12 @@ async def _serve_stream(
     )
     if any(isinstance(s, BaseException) for s in started):
         # Known before the first byte (context length, bad values, backend down): a plain HTTP error.
+        refused = next((s for s in started if isinstance(s, RequestRefused)), None)
+        if refused is not None:  # nothing was generated, nothing is recorded
+            for stream in started:
+                if not isinstance(stream, BaseException):
+                    stream.cancel()
+            return _error_response(wire, error_info(refused))
         outcomes: list[GenerationResult | BaseException] = []
         for stream in started:
             if isinstance(stream, BaseException):
