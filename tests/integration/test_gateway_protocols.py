@@ -568,3 +568,17 @@ def test_refusals_from_the_backend_record_nothing_and_cut_answers_leak_no_markup
         await client.close()
 
     serve(backend, test)
+
+
+def test_a_body_that_is_not_json_is_a_400_in_the_protocols_shape() -> None:
+    async def main() -> None:
+        async with serve_in_background(create_app(InMemoryLightningStore())) as url, httpx.AsyncClient() as raw:
+            base = f"{url}/v1/rollouts/r/attempts/a/v1"
+            headers = {"content-type": "application/json"}
+            chat = await raw.post(f"{base}/chat/completions", content=b"{bad", headers=headers)
+            messages = await raw.post(f"{base}/messages", content=b"{bad", headers=headers)
+        assert chat.status_code == 400 and chat.json()["error"]["type"] == "invalid_request_error"
+        assert messages.status_code == 400 and messages.json()["type"] == "error"
+        assert "not valid JSON" in messages.json()["error"]["message"]
+
+    asyncio.run(main())

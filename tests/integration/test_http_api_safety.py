@@ -129,6 +129,9 @@ class BodyCase:
 
     valid: Any
     status: int
+    wrong_fields: tuple[tuple[str, Any], ...] = ()
+    """For a route whose body schema is a free JSON object (the gateway's protocols, which check every field
+    themselves): bodies with one field of a wrong type."""
 
 
 BODY_CASES: dict[tuple[str, str], BodyCase] = {
@@ -150,10 +153,28 @@ BODY_CASES: dict[tuple[str, str], BodyCase] = {
     ("POST", "/v1/trained-samples"): BodyCase({"train_step": 1, "samples": [TRAINED_SAMPLE]}, 404),
     ("POST", "/v1/traces"): BodyCase(OTLP_UNKNOWN, 404),
     ("POST", "/v1/rollouts/{rollout_id}/attempts/{attempt_id}/v1/chat/completions"): BodyCase(
-        {"messages": [{"role": "user", "content": "hi"}]}, 404
+        {"messages": [{"role": "user", "content": "hi"}]},
+        404,
+        (("messages", {"messages": "hi"}), ("temperature", {"messages": [], "temperature": "hot"})),
+    ),
+    ("POST", "/v1/rollouts/{rollout_id}/attempts/{attempt_id}/v1/completions"): BodyCase(
+        {"prompt": "hi"}, 404, (("prompt", {"prompt": {"a": 1}}),)
+    ),
+    ("POST", "/v1/rollouts/{rollout_id}/attempts/{attempt_id}/v1/responses"): BodyCase(
+        {"input": "hi"}, 404, (("input", {"input": 42}),)
+    ),
+    ("POST", "/v1/rollouts/{rollout_id}/attempts/{attempt_id}/v1/messages"): BodyCase(
+        {"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+        404,
+        (("max_tokens", {"max_tokens": "4", "messages": []}),),
+    ),
+    ("POST", "/v1/rollouts/{rollout_id}/attempts/{attempt_id}/v1/messages/count_tokens"): BodyCase(
+        {"messages": [{"role": "user", "content": "hi"}]}, 404, (("messages", {"messages": "hi"}),)
     ),
     # the unrecorded route of the optimizer LLM, served by this app's scripted backend
-    ("POST", "/v1/chat/completions"): BodyCase({"messages": [{"role": "user", "content": "hi"}]}, 200),
+    ("POST", "/v1/chat/completions"): BodyCase(
+        {"messages": [{"role": "user", "content": "hi"}]}, 200, (("messages", {"messages": "hi"}),)
+    ),
 }
 """Every route that takes a body. A new one must be added here (the test says so)."""
 
@@ -311,7 +332,7 @@ def test_every_body_route_refuses_bad_bodies_with_4xx() -> None:
                     resp = await client.request(method, target, json=wrong_type)
                     assert_error(resp, range(400, 500), f"{what} body of the wrong JSON type {wrong_type!r}")
 
-                fields = list(wrong_field_bodies(spec, path, case.valid))
+                fields = list(wrong_field_bodies(spec, path, case.valid)) + list(case.wrong_fields)
                 assert fields or path == "/v1/traces", f"{what}: no typed field found in its schema"
                 for name, body in fields:
                     resp = await client.request(method, target, json=body)

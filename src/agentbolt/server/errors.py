@@ -2,7 +2,8 @@
 
 - agentbolt errors keep their status (:mod:`agentbolt.errors`: 404, 409, 422, 503).
 - request validation errors (malformed JSON, wrong types, missing fields) are 422 ``ValidationError`` with a message
-  that names each bad field and what is wrong with it.
+  that names each bad field and what is wrong with it; on the gateway's LLM routes, a 400 in the protocol's own
+  error shape (OpenAI or Anthropic), as the real APIs answer.
 - Starlette/FastAPI HTTP errors (unknown path 404, wrong method 405, unparsable body 400...) keep their status.
 - anything else is a bug: 500 ``InternalError``, logged with its traceback, still in the same shape.
 """
@@ -111,7 +112,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(422, "ValidationError", validation_message(exc.errors(), request.scope))
+        from agentbolt.server.gateway.routes import gateway_validation_error  # the gateway's own shapes
+
+        message = validation_message(exc.errors(), request.scope)
+        answered = gateway_validation_error(request.url.path, message)
+        return answered if answered is not None else error_response(422, "ValidationError", message)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -444,6 +444,15 @@ async def _serve_stream(
     return SessionResponse(session)
 
 
+def gateway_validation_error(path: str, message: str) -> JSONResponse | None:
+    """The answer to a body that is not valid JSON (or not an object) on a gateway LLM route: a 400 in the
+    protocol's error shape (Anthropic's on ``.../messages``, OpenAI's elsewhere); ``None`` for other routes."""
+    if not path.startswith("/v1/") or not path.endswith(("/completions", "/responses", "/messages", "/count_tokens")):
+        return None
+    wire = MESSAGES if path.endswith(("/messages", "/count_tokens")) else CHAT
+    return _error_response(wire, ErrorInfo(400, "invalid_request_error", message, "invalid_json"))
+
+
 _BODY_DOC = "The protocol's request body (JSON object); every field is honoured, recorded or refused with a 400."
 
 
@@ -569,10 +578,14 @@ def models_body(backend: InferenceBackend) -> dict[str, Any]:
 
 @router.get("/models")
 async def rollout_models(rollout_id: str, attempt_id: str, request: Request) -> Response:
-    """OpenAI ``GET /v1/models`` under the attempt's base URL: the served model."""
+    """OpenAI ``GET /v1/models`` under the attempt's base URL: the served model (404 for an unknown attempt)."""
     backend: InferenceBackend | None = request.app.state.backend
     if backend is None:
         return _error_response(CHAT, ErrorInfo(503, "api_error", NO_BACKEND_MESSAGE, "no_backend"))
+    try:
+        await request.app.state.store.get_attempt(rollout_id, attempt_id)
+    except AgentboltError as exc:
+        return _error_response(CHAT, error_info(exc))
     return JSONResponse(models_body(backend))
 
 
