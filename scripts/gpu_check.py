@@ -311,10 +311,19 @@ class SyntheticTokenizer:
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], **_: Any) -> dict[str, list[int]]:
-        rng = random.Random(str(messages[-1]["content"]))
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], tokenize: bool = True, **_: Any
+    ) -> str | dict[str, list[int]]:
+        text = str(messages[-1]["content"])  # the "rendered template": the seed itself
+        return self(text) if tokenize else text
+
+    def __call__(self, text: str, **_: Any) -> dict[str, list[int]]:
+        rng = random.Random(text)
         ids = [rng.randrange(3, self.vocab_size) for _ in range(self.prompt_tokens)]
         return {"input_ids": [i if i != self.eos_token_id else 3 for i in ids]}
+
+    def __len__(self) -> int:
+        return self.vocab_size
 
     def get_vocab(self) -> dict[str, int]:
         return {}

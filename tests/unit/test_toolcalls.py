@@ -114,3 +114,10 @@ def test_plain_text_is_content(text: str) -> None:
 
 def test_empty_text_has_no_content() -> None:
     assert parse_tool_calls("") == (None, [])
+
+
+def test_a_call_cut_inside_its_closing_tag_is_still_a_call() -> None:
+    text = '<tool_call>\n{"name": "lookup", "arguments": {"q": "x"}}\n</tool_'
+    content, calls = parse_tool_calls(text, {"lookup"})
+    assert content is None and [c["function"]["name"] for c in calls] == ["lookup"]
+    assert parse_tool_calls("plain text ending in </", {"lookup"}) == ("plain text ending in </", [])

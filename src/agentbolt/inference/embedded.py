@@ -335,6 +335,14 @@ class EmbeddedBackend:
             raise ConfigError(f"the chat template cannot render these messages: {exc}") from exc
         return self.transcripts.encode(str(rendered), self._tokenize)
 
+    def _vocab_size(self) -> int:
+        """Ids the tokenizer can produce (added tokens included); the model's vocabulary when the tokenizer cannot
+        say."""
+        try:
+            return len(self.tokenizer)
+        except TypeError:
+            return int(getattr(self.model.config, "vocab_size", 0) or getattr(self.tokenizer, "vocab_size", 0))
+
     def _tokenize(self, text: str) -> list[int]:
         """``text`` (a rendered template: special tokens written out) as ids, as ``apply_chat_template`` does."""
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])  # type: ignore[index]
@@ -350,7 +358,7 @@ class EmbeddedBackend:
             ids = list(self.tokenizer(prompt)["input_ids"])  # type: ignore[index]
         else:
             ids = [int(i) for i in prompt]
-            vocab = len(self.tokenizer)
+            vocab = self._vocab_size()
             bad = [i for i in ids if not 0 <= i < vocab]
             if bad:
                 raise RequestRefused(
@@ -414,12 +422,13 @@ class EmbeddedBackend:
     ) -> _Pending:
         """Check and encode ``request`` (in the caller's loop), then queue it for the worker."""
         _check_sampling(request)
-        vocab = len(self.tokenizer)
-        outside = [token_id for token_id in (request.logit_bias or {}) if not 0 <= token_id < vocab]
-        if outside:
-            raise RequestRefused(
-                f"logit_bias token id {outside[0]} is outside the vocabulary (0..{vocab - 1})", "logit_bias"
-            )
+        if request.logit_bias:
+            vocab = self._vocab_size()
+            outside = [token_id for token_id in request.logit_bias if not 0 <= token_id < vocab]
+            if outside:
+                raise RequestRefused(
+                    f"logit_bias token id {outside[0]} is outside the vocabulary (0..{vocab - 1})", "logit_bias"
+                )
         if request.prompt is not None:
             prompt_token_ids = self.encode_text(request.prompt)
         else:

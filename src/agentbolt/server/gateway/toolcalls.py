@@ -5,7 +5,8 @@ forms are recognized:
 
 1. Tagged (Qwen2.5 / Hermes chat templates): one or more ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
    blocks anywhere in the text. The text outside the parsed blocks stays the content. A final block whose closing
-   tag is missing (the model stopped right after the JSON) is accepted too.
+   tag is missing or cut short (the model stopped right after the JSON, or max_tokens ended it inside
+   ``</tool_call>``) is accepted too.
 2. Bare JSON, only when the JSON makes up the whole message (surrounding whitespace aside): one object
    ``{"name": ..., "arguments": {...}}``, several such objects one after another (e.g. one per line), or a list of
    them, optionally inside one ```` ```json ```` fence. Prose plus JSON is NOT a tool call: the text stays content
@@ -58,7 +59,21 @@ def parse_tool_calls(text: str, names: Collection[str] | None = None) -> tuple[s
     return (text or None), []
 
 
+_CLOSE = "</tool_call>"
+
+
+def _without_partial_close(text: str) -> str:
+    """``text`` without a trailing beginning of ``</tool_call>`` (an answer cut at max_tokens inside the closing
+    tag): the block before it is then an unclosed final block, read like one."""
+    stripped = text.rstrip()
+    for length in range(len(_CLOSE) - 1, 1, -1):
+        if stripped.endswith(_CLOSE[:length]):
+            return stripped[:-length]
+    return text
+
+
 def _parse_tagged(text: str, names: Collection[str] | None) -> tuple[str | None, list[ToolCall]]:
+    text = _without_partial_close(text)
     calls: list[ToolCall] = []
     kept: list[str] = []
     position = 0
