@@ -16,9 +16,10 @@ from agentbolt.server.gateway.openai_format import (
     error_body,
     logit_bias_field,
     number_field,
+    openai_envelope,
     sse_data,
     stop_field,
-    usage_body,
+    stream_end_events,
 )
 
 LEGACY_LOGPROBS_MAX = 5
@@ -148,31 +149,18 @@ def completion_body(
 ) -> dict[str, Any]:
     """A whole ``text_completion``; ``prompt_token_ids`` and per-choice ``token_ids`` (vLLM's names) when the
     backend has exact ids."""
-    results = [o.result for o in outputs]
-    exact = all(r.trainable and r.prompt_token_ids for r in results)
-    choices = []
-    for output in outputs:
-        choice: dict[str, Any] = {
+    choices = [
+        {
             "index": output.index,
             "text": output.result.text,
             "finish_reason": output.finish,
             "logprobs": legacy_logprobs(spec, output),
         }
-        if exact:
-            choice["token_ids"] = output.result.response_token_ids
-        choices.append(choice)
-    body: dict[str, Any] = {
-        "id": response_id,
-        "object": "text_completion",
-        "created": created_s,
-        "model": model,
-        "choices": choices,
-        "usage": usage_body(results),
-        "system_fingerprint": results[0].model_version if results else None,
-    }
-    if exact and results:
-        body["prompt_token_ids"] = results[0].prompt_token_ids
-    return body
+        for output in outputs
+    ]
+    return openai_envelope(
+        "text_completion", outputs, choices, response_id=response_id, created_s=created_s, model=model
+    )
 
 
 class CompletionsStreamEncoder:
@@ -206,11 +194,7 @@ class CompletionsStreamEncoder:
 
     def end(self, outputs: list[ChoiceOutput]) -> list[str]:
         """The usage chunk (``include_usage``), then ``[DONE]``."""
-        events: list[str] = []
-        if self._spec.include_usage:
-            events.append(sse_data({**self._head, "choices": [], "usage": usage_body([o.result for o in outputs])}))
-        events.append("data: [DONE]\n\n")
-        return events
+        return stream_end_events(self._head, self._spec, outputs)
 
     def error(self, status: int, type_: str, message: str, code: str | None) -> list[str]:
         """``data: {"error": {...}}``."""

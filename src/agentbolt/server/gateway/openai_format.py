@@ -532,31 +532,58 @@ def completion_body(
     Extensions, named as vLLM names them, present only when the backend has exact ids: ``prompt_token_ids`` at the
     top and ``token_ids`` per choice (the ids recorded for training).
     """
-    results = [output.result for output in outputs]
-    exact = all(r.trainable and r.prompt_token_ids for r in results)
-    body_choices = []
-    for output in outputs:
-        choice: dict[str, Any] = {
+    choices = [
+        {
             "index": output.index,
             "message": message_body(output.content, output.tool_calls),
             "finish_reason": output.finish,
             "logprobs": logprobs_body(spec, output.result),
         }
-        if exact:
+        for output in outputs
+    ]
+    return openai_envelope(
+        "chat.completion", outputs, choices, response_id=response_id, created_s=created_s, model=model
+    )
+
+
+def openai_envelope(
+    kind: str,
+    outputs: list[ChoiceOutput],
+    choices: list[dict[str, Any]],
+    *,
+    response_id: str,
+    created_s: int,
+    model: str,
+) -> dict[str, Any]:
+    """The body around ``choices`` (one dict per output, in order) of a whole ``chat.completion`` or
+    ``text_completion``: id, object, usage, fingerprint, and the exact ids when the backend has them
+    (``prompt_token_ids`` at the top, ``token_ids`` per choice, as vLLM names them)."""
+    results = [output.result for output in outputs]
+    exact = all(r.trainable and r.prompt_token_ids for r in results)
+    if exact:
+        for output, choice in zip(outputs, choices, strict=True):
             choice["token_ids"] = output.result.response_token_ids
-        body_choices.append(choice)
     body: dict[str, Any] = {
         "id": response_id,
-        "object": "chat.completion",
+        "object": kind,
         "created": created_s,
         "model": model,
-        "choices": body_choices,
+        "choices": choices,
         "usage": usage_body(results),
         "system_fingerprint": results[0].model_version if results else None,
     }
     if exact and results:
         body["prompt_token_ids"] = results[0].prompt_token_ids
     return body
+
+
+def stream_end_events(head: dict[str, Any], spec: CallSpec, outputs: list[ChoiceOutput]) -> list[str]:
+    """The last events of an OpenAI chunk stream: the usage chunk (``include_usage``), then ``data: [DONE]``."""
+    events: list[str] = []
+    if spec.include_usage:
+        events.append(sse_data({**head, "choices": [], "usage": usage_body([o.result for o in outputs])}))
+    events.append("data: [DONE]\n\n")
+    return events
 
 
 def sse_data(body: dict[str, Any]) -> str:
@@ -603,11 +630,7 @@ class ChatStreamEncoder:
 
     def end(self, outputs: list[ChoiceOutput]) -> list[str]:
         """The usage chunk (``include_usage``), then ``[DONE]``."""
-        events: list[str] = []
-        if self._spec.include_usage:
-            events.append(sse_data({**self._head, "choices": [], "usage": usage_body([o.result for o in outputs])}))
-        events.append("data: [DONE]\n\n")
-        return events
+        return stream_end_events(self._head, self._spec, outputs)
 
     def error(self, status: int, type_: str, message: str, code: str | None) -> list[str]:
         """``data: {"error": {...}}``."""
