@@ -220,7 +220,7 @@ class AgentboltHttp(_Agentbolt):
     def launch_server(cls, host: str, port: int, workdir: str, log_file: Any) -> subprocess.Popen[bytes]:
         exe = str(Path(sys.executable).with_name("agentbolt"))
         store = cls.serve_store.replace("{dir}", workdir)
-        cmd = [exe, "serve", "--store", store, "--host", host, "--port", str(port)]
+        cmd = [exe, "serve", "--store", store, "--create", "--host", host, "--port", str(port)]
         return subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
 
     @classmethod

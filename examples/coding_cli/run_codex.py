@@ -123,7 +123,7 @@ def start_server(out_dir: Path, model: str, port: int, timeout_s: float = 600.0)
     """``agentbolt serve`` on ``127.0.0.1:port`` with ``out_dir/store.db``, its log in ``out_dir/server.log``;
     returns once ``/v1/health`` answers (the model is loaded before the server listens)."""
     agentbolt = Path(sys.executable).with_name("agentbolt")
-    command = [str(agentbolt), "serve", "--store", f"sqlite:///{out_dir / 'store.db'}", "--model", model]
+    command = [str(agentbolt), "serve", "--store", f"sqlite:///{out_dir / 'store.db'}", "--create", "--model", model]
     command += ["--host", "127.0.0.1", "--port", str(port)]
     log = (out_dir / "server.log").open("wb")
     server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)

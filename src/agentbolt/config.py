@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentbolt.errors import ConfigError
+from agentbolt.types.core import DEFAULT_UNRESPONSIVE_S
 
 
 class _Config(BaseModel):
@@ -40,8 +41,13 @@ class GRPOConfig(_Config):
         truncated_reward: the reward of a cut response under ``penalize`` (unit: reward; default -1.0).
         merge_samples: merge consecutive calls whose prompt extends the previous prompt + response into one sample
             (:func:`agentbolt.adapter.samples.merge_transitions`).
-        rollout_timeout_s: lease of one attempt; an attempt running longer is marked ``timeout``.
+        rollout_timeout_s: lease of one attempt; an attempt running longer is stopped by its runner and marked
+            ``timeout``.
+        rollout_unresponsive_s: an attempt with no heartbeat, span or gateway call for this long (its runner died) is
+            marked ``unresponsive`` and its rollout retried (runners beat every 2 s; seconds).
         max_attempts: tries per rollout (retries only on timeout/unresponsive).
+        fail_after: stop the job (exit code 1, with a summary of the failure causes) after this many consecutive
+            steps without a trainable trajectory; 0 never stops.
         accuracy_reward_name: the named reward that evaluation reads as accuracy; a rollout with no reward of that
             name is scored by its final reward. A rollout is correct when that value is at least 1.0
             (:func:`agentbolt.adapter.trajectory.is_correct`).
@@ -75,7 +81,9 @@ class GRPOConfig(_Config):
     truncated_reward: float = Field(default=-1.0, allow_inf_nan=False)
     merge_samples: bool = True
     rollout_timeout_s: float = Field(default=600.0, gt=0)
+    rollout_unresponsive_s: float = Field(default=DEFAULT_UNRESPONSIVE_S, gt=0)
     max_attempts: int = Field(default=2, ge=1)
+    fail_after: int = Field(default=2, ge=0)
     accuracy_reward_name: str = "correct"
     seed: int = 0
     async_rollouts: int = Field(default=0, ge=0)

@@ -5,6 +5,7 @@
      ├── ConflictError             409
      │    └── InvalidTransitionError 409  names the allowed transitions
      ├── ConfigError               422  (also a ValueError)
+     │    └── RewardError          422  a value that is not a reward (names the value and where it came from)
      └── BackendError              503  inference or external backend unavailable
 
 To add one: subclass the closest class, set ``http_status``, keep ``__init__(message)`` so it stays picklable.
@@ -41,6 +42,11 @@ class ConfigError(AgentboltError, ValueError):
     http_status = 422
 
 
+class RewardError(ConfigError):
+    """A value given as a reward that is not one (a string, None, NaN, inf, a list...). The message names the value,
+    its type, where it came from and what to pass instead (the rule: :mod:`agentbolt.types.rewards`)."""
+
+
 class BackendError(AgentboltError):
     """An inference backend or other dependency failed or is missing."""
 
@@ -49,6 +55,14 @@ class BackendError(AgentboltError):
 
 ERRORS_BY_NAME: dict[str, type[AgentboltError]] = {
     cls.__name__: cls
-    for cls in (AgentboltError, NotFoundError, ConflictError, InvalidTransitionError, ConfigError, BackendError)
+    for cls in (
+        AgentboltError,
+        NotFoundError,
+        ConflictError,
+        InvalidTransitionError,
+        ConfigError,
+        RewardError,
+        BackendError,
+    )
 }
 ERRORS_BY_NAME["ValidationError"] = ConfigError  # the server's request-validation answers (422)

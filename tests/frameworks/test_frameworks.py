@@ -103,7 +103,7 @@ def server_url(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     """``agentbolt serve`` with the embedded SmolLM2-135M and a SQLite store, on 127.0.0.1 and a free port."""
     folder = tmp_path_factory.mktemp("frameworks")
     cmd = [sys.executable, "-m", "agentbolt.cli.main", "serve", "--store", f"sqlite:///{folder / 'store.db'}"]
-    cmd += ["--port", "0", "--model", "smollm2-135m"]
+    cmd += ["--create", "--port", "0", "--model", "smollm2-135m"]
     env = {**os.environ, **TEST_ENV, "AGENTBOLT_CACHE": str(smollm2_dir.parent.parent), "PYTHONUNBUFFERED": "1"}
     env["COLUMNS"] = "200"
     log_path = folder / "serve.log"  # a file, not a pipe: a pipe nobody reads would block the server once full

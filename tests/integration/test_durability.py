@@ -11,6 +11,12 @@ checked:
 3. a new consumer drains the queue, every rollout ends terminal, and the acknowledged ends are still unchanged.
 
 The load is short (a few seconds) and every lease is 1.5-2.5 s, so the test takes well under 30 s.
+
+A server's store is never moved or replaced under it: while ``agentbolt serve`` holds ``D/store.db``,
+``agentbolt train --out D --overwrite`` (which would move it aside), a plain ``train --out D`` on its still empty
+store (which would replace it) and ``train --out D --resume`` (which would share it and cancel its rollouts) are
+refused with exit code 2, naming the server's pid; every rollout the server acknowledged, before and after, is in
+the file. Once the server is gone, ``--overwrite`` moves the old store aside (``D/.overwritten-<time>/``), intact.
 """
 
 from __future__ import annotations
@@ -58,7 +64,8 @@ ACTIVE = (RolloutStatus.PREPARING.value, RolloutStatus.RUNNING.value)
 
 def server_argv(db: Path) -> list[str]:
     """The command that runs the server over the SQLite file ``db`` on a free loopback port."""
-    return [sys.executable, "-m", "agentbolt.cli.main", "serve", "--store", f"sqlite:///{db}", "--port", "0"]
+    store = ["--store", f"sqlite:///{db}", "--create"]
+    return [sys.executable, "-m", "agentbolt.cli.main", "serve", *store, "--port", "0"]
 
 
 @dataclass
@@ -304,3 +311,96 @@ def test_acknowledged_writes_survive_kill_9_and_no_rollout_is_stuck(tmp_path: Pa
             raise AssertionError(f"{exc}\n(checked after a kill -9 under load; {acks.summary()})") from None
     assert stats["expired_after_restart"] > 0, f"no lease was left for the restarted server to expire: {stats}"
     print(f"\nkill -9 durability: {acks.summary()}; checked after restart: {stats}; {time.monotonic() - started:.1f}s")
+
+
+# ------------------------------------------------------------------ a served store is never moved or replaced
+
+NOT_A_MODEL_CONFIG = """\
+model: {model}
+agent: examples.calc_agent.agent:calc_agent
+tasks: examples.calc_agent.tasks
+train_size: 4
+val_size: 0
+grpo:
+  steps: 1
+  tasks_per_step: 1
+  group_size: 2
+"""
+"""A train job whose model is a folder without a model: it fails when the model loads, right after the store is
+prepared (so on a build that replaces a served store, the damage is done before it fails)."""
+
+
+def _train(config: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "agentbolt.cli.main", "train", str(config), "--out", str(out), *extra]
+    return subprocess.run(cmd, cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=180)
+
+
+def _post_rollouts(url: str, n: int, tag: str) -> list[str]:
+    """Enqueue ``n`` rollouts through the server; return the ids it acknowledged."""
+    ids = []
+    with httpx.Client(base_url=url, timeout=10) as client:
+        for i in range(n):
+            resp = client.post("/v1/rollouts", json={"input": {"tag": tag, "i": i}})
+            assert resp.status_code in (200, 201), resp.text
+            ids.append(resp.json()["rollout_id"])
+    return ids
+
+
+def _rollout_ids_in(db: Path) -> set[str]:
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
+    try:
+        return {r for (r,) in conn.execute("SELECT rollout_id FROM rollouts")}
+    finally:
+        conn.close()
+
+
+def _refused_naming(done: subprocess.CompletedProcess[str], server: Server) -> None:
+    text = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 2, text
+    assert "is open in another process" in text and f"pid {server.proc.pid}" in text, text
+    assert "agentbolt.cli.main serve" in text and "Traceback" not in text, text
+
+
+def test_train_overwrite_refuses_a_served_store_then_moves_it_aside(tmp_path: Path) -> None:
+    out = tmp_path / "D"
+    db = out / "store.db"
+    config = tmp_path / "job.yaml"
+    (tmp_path / "not-a-model").mkdir()
+    config.write_text(NOT_A_MODEL_CONFIG.format(model=tmp_path / "not-a-model"))
+    with running_server(db, tmp_path / "server.log") as server:
+        acked = _post_rollouts(server.url, 10, "before")
+        done = _train(config, out, "--overwrite")
+        _refused_naming(done, server)
+        assert "--overwrite would move it aside" in " ".join(done.stderr.split())
+        acked += _post_rollouts(server.url, 10, "after")  # the server still writes into the file in D
+        with httpx.Client(base_url=server.url) as client:
+            assert len(client.get("/v1/rollouts").json()) == 20
+    assert server.proc.returncode == 0, server.log.read_text()
+    assert _rollout_ids_in(db) == set(acked), "acknowledged rollouts missing from D/store.db"
+
+    # The server is gone: --overwrite goes ahead, and moves the old store aside instead of deleting it.
+    done = _train(config, out, "--overwrite")
+    text = " ".join((done.stdout + done.stderr).split())
+    assert "moved the previous run's files" in text, text
+    moved = sorted(out.glob(".overwritten-*"))
+    assert len(moved) == 1 and str(moved[0]) in text, text
+    assert _rollout_ids_in(moved[0] / "store.db") == set(acked)
+    assert not db.exists(), "the failed job left a store behind"
+
+
+def test_a_job_never_takes_the_store_of_a_running_server(tmp_path: Path) -> None:
+    """Serve + train on one file: the job refuses (a plain run would replace the server's still empty store, a
+    resume would share it and cancel its rollouts); the server goes on without losing anything."""
+    out = tmp_path / "D"
+    db = out / "store.db"
+    config = tmp_path / "job.yaml"
+    (tmp_path / "not-a-model").mkdir()
+    config.write_text(NOT_A_MODEL_CONFIG.format(model=tmp_path / "not-a-model"))
+    with running_server(db, tmp_path / "server.log") as server:
+        _refused_naming(_train(config, out), server)  # no rollout in the store yet: today's rule would replace it
+        acked = _post_rollouts(server.url, 5, "served")
+        _refused_naming(_train(config, out, "--resume"), server)
+        acked += _post_rollouts(server.url, 5, "served-after")
+    assert server.proc.returncode == 0, server.log.read_text()
+    assert _rollout_ids_in(db) == set(acked), "acknowledged rollouts missing from D/store.db"
+    assert not list(out.glob(".overwritten-*"))

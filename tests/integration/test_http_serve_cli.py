@@ -42,7 +42,7 @@ def test_serve_refuses_a_non_positive_body_limit() -> None:
 
 def test_sigterm_stops_the_server_and_closes_the_store(tmp_path: Path) -> None:
     db = tmp_path / "s.db"
-    proc, url = start_serve("--store", f"sqlite:///{db}", "--port", "0")
+    proc, url = start_serve("--store", f"sqlite:///{db}", "--create", "--port", "0")
     with httpx.Client(base_url=url) as client:
         assert client.post("/v1/rollouts", json={"input": {"q": 1}}).status_code in (200, 201)
     proc.send_signal(signal.SIGTERM)
@@ -60,3 +60,45 @@ def test_backend_url_without_a_remote_backend_is_refused() -> None:
     done = subprocess.run([*cmd, "--backend-url", "http://127.0.0.1:1/v1"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "add --backend vllm or --backend openai" in done.stdout + done.stderr
+
+
+def test_serve_refuses_a_sqlite_file_that_does_not_exist_unless_told_to_create_it(tmp_path: Path) -> None:
+    """A typo in --store is an error, not a new empty store; --create starts one; no --store uses the default file
+    (created when missing, as documented)."""
+    typo = tmp_path / "typo.db"
+    cmd = [sys.executable, "-m", "agentbolt.cli.main", "serve", "--port", "0"]
+    for store in (f"sqlite:///{typo}", str(typo)):
+        done = subprocess.run([*cmd, "--store", store], capture_output=True, text=True, timeout=30)
+        text = " ".join((done.stdout + done.stderr).split())
+        assert done.returncode == 2, text
+        assert f"no store file at '{typo}'" in text and "pass --create" in text and "Traceback" not in text, text
+    assert list(tmp_path.iterdir()) == [], "the refused store left files behind"
+
+    new = tmp_path / "sub" / "new.db"
+    proc, url = start_serve("--store", f"sqlite:///{new}", "--create", "--port", "0")
+    try:
+        assert httpx.post(f"{url}/v1/rollouts", json={"input": {"q": 1}}).status_code in (200, 201)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 0 and new.is_file()
+
+    proc, url = start_serve("--store", f"sqlite:///{new}", "--port", "0")  # it exists now: no --create needed
+    try:
+        assert len(httpx.get(f"{url}/v1/rollouts").json()) == 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+
+    # the default store (no --store): ./agentbolt.db, created in the current folder
+    default_dir = tmp_path / "default"
+    default_dir.mkdir()
+    proc = subprocess.Popen([*cmd], cwd=default_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "serving on" in line and "agentbolt.db" in line, line
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert (default_dir / "agentbolt.db").is_file()

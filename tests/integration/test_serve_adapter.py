@@ -71,7 +71,8 @@ def test_serve_adapter_serves_the_merged_policy(
     _write_checkpoint(smollm2_dir, checkpoint)
     monkeypatch.setenv("AGENTBOLT_CACHE", str(smollm2_dir.parent.parent))
     proc, url = start_serve(
-        "--store", f"sqlite:///{tmp_path / 's.db'}", "--port", "0", "--adapter", str(checkpoint), timeout_s=120
+        *("--store", f"sqlite:///{tmp_path / 's.db'}", "--create", "--port", "0", "--adapter", str(checkpoint)),
+        timeout_s=120,
     )
     try:
         reply = httpx.post(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agentbolt.store import rules
-from agentbolt.types import Attempt, AttemptStatus, Rollout, RolloutConfig, RolloutStatus
+from agentbolt.types import DEFAULT_UNRESPONSIVE_S, Attempt, AttemptStatus, Rollout, RolloutConfig, RolloutStatus
 
 A = AttemptStatus
 
@@ -44,7 +44,10 @@ def test_lease_expiry_uses_start_then_last_heartbeat() -> None:
     assert rules.expired_status(config, beating, 110.0) is A.TIMEOUT  # timeout wins when both apply
     ended = attempt.model_copy(update={"status": A.SUCCEEDED})
     assert rules.expired_status(config, ended, 1000.0) is None
-    assert rules.expired_status(RolloutConfig(), attempt, 1e9) is None  # no limits configured
+    no_limits = RolloutConfig(unresponsive_seconds=None)
+    assert rules.expired_status(no_limits, attempt, 1e9) is None  # no limits configured
+    # the default config has a lease (DEFAULT_UNRESPONSIVE_S): an attempt that never beats ends
+    assert rules.expired_status(RolloutConfig(), attempt, 10.0 + DEFAULT_UNRESPONSIVE_S) is A.UNRESPONSIVE
 
 
 def test_claimable_and_active_statuses_come_from_the_tables() -> None:

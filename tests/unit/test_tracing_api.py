@@ -80,7 +80,7 @@ def test_reward_validation() -> None:
     with trace_attempt(instrument=False) as attempt:
         with pytest.raises(ConfigError, match="finite"):
             emit_reward(float("nan"))
-        with pytest.raises(ConfigError, match="needs a number"):
+        with pytest.raises(ConfigError, match="is not a reward"):
             emit_reward("high")  # type: ignore[arg-type]
         with pytest.raises(ConfigError, match="non-empty string"):
             emit_reward(1.0, name="")

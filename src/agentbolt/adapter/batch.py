@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from agentbolt.adapter import build_trajectory
 from agentbolt.adapter.advantages import VALUE_HEAD_ESTIMATOR, compute_advantages
+from agentbolt.adapter.causes import FailureCause, failure_cause
 from agentbolt.adapter.credit import CreditScheme
 from agentbolt.adapter.per_transition import (
     TruncationPolicy,
@@ -81,6 +82,11 @@ class TrajectorySelection:
         n_unmatched: succeeded, scored rollouts none of whose calls ``agent_match`` selected.
         infra_failures: rollouts excluded because their last attempt failed for infrastructure reasons, by reason
             (``"attempt timeout"``, ``"gateway error upstream_error"``...).
+        causes: every excluded rollout (failed and infrastructure, not unmatched) by its cause
+            (:func:`agentbolt.adapter.causes.failure_cause`), in the order first met.
+        cause_details: the detail of the first rollout met per cause (e.g. ``ValueError: bad input``).
+        n_truncated / n_calls: calls cut at ``max_tokens`` among the trained trajectories' transitions, and all
+            of their transitions.
     """
 
     trajectories: list[Trajectory] = field(default_factory=list)
@@ -88,11 +94,21 @@ class TrajectorySelection:
     n_failed: int = 0
     n_unmatched: int = 0
     infra_failures: dict[str, int] = field(default_factory=dict)
+    causes: dict[str, int] = field(default_factory=dict)
+    cause_details: dict[str, str] = field(default_factory=dict)
+    n_truncated: int = 0
+    n_calls: int = 0
 
     @property
     def n_infra_failed(self) -> int:
         """Rollouts excluded for infrastructure failures."""
         return sum(self.infra_failures.values())
+
+    def count_cause(self, found: FailureCause | None) -> None:
+        """Count one excluded rollout under its cause (``None``: an unexplained exclusion, ``unknown``)."""
+        cause, detail = (found.cause, found.detail) if found is not None else ("unknown", "")
+        self.causes[cause] = self.causes.get(cause, 0) + 1
+        self.cause_details.setdefault(cause, detail)
 
 
 def select_trajectories(
@@ -111,17 +127,21 @@ def select_trajectories(
     for rollout, attempt, spans in finished:
         if attempt is None:
             out.n_failed += 1
+            out.count_cause(failure_cause(rollout, None, spans))
             continue
         reason = infrastructure_failure(attempt.status, spans)
         if reason is not None:
             out.infra_failures[reason] = out.infra_failures.get(reason, 0) + 1
+            out.count_cause(failure_cause(rollout, attempt, spans))
             continue
         if rollout.status is not RolloutStatus.SUCCEEDED:
             out.n_failed += 1
+            out.count_cause(failure_cause(rollout, attempt, spans))
             continue
         trajectory = build_trajectory(rollout, attempt.attempt_id, spans, agent_match=agent_match)
         if trajectory.final_reward is None:
             out.n_failed += 1
+            out.count_cause(failure_cause(rollout, attempt, spans))
             continue
         if agent_match is not None:
             everything = build_trajectory(rollout, attempt.attempt_id, spans)
@@ -132,8 +152,11 @@ def select_trajectories(
                 out.n_unmatched += 1
             else:
                 out.n_failed += 1
+                out.count_cause(failure_cause(rollout, attempt, spans, trainable=False))
             continue
         out.trajectories.append(trajectory)
+        out.n_calls += len(trajectory.transitions)
+        out.n_truncated += sum(1 for t in trajectory.transitions if t.finish_reason == "length")
     return out
 
 

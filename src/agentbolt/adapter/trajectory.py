@@ -19,9 +19,11 @@ Pure: no I/O, no store, no tracer. The rules, in the order they are applied:
 4. **agent_match.** With an ``agent_match`` pattern, only transitions whose agent name it selects
    (``re.search``; a call without an agent name is never selected) are kept; the others are counted in
    ``excluded_calls``. The other agents' calls still ran and their rewards still count.
-5. **Rewards.** Every ``agentbolt.reward`` span with a finite numeric value, in ``sequence_id`` order, is listed in
-   ``intermediate_rewards`` as ``(sequence_id, value)``, named or not. Each is also *attached* to the latest
-   trainable LLM call recorded before it (:func:`agentbolt.adapter.signals.attach_rewards`), listed in that
+5. **Rewards.** Every ``agentbolt.reward`` span whose value is a reward by the one rule of
+   :mod:`agentbolt.types.rewards` (a finite number; a bool as 1.0/0.0; the store refuses the rest), in
+   ``sequence_id`` order, is listed in ``intermediate_rewards`` as ``(sequence_id, value)``, named or not. Each is
+   also *attached* to the latest trainable LLM call recorded before it
+   (:func:`agentbolt.adapter.signals.attach_rewards`), listed in that
    transition's ``metadata["rewards"]`` as ``[sequence_id, value]`` pairs; rewards recorded before the first call
    attach to none. Attachment is computed over every trainable call, before ``agent_match``: a reward that follows
    another agent's call stays with that call and leaves the batch with it.
@@ -48,7 +50,6 @@ Pure: no I/O, no store, no tracer. The rules, in the order they are applied:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,6 +59,7 @@ from agentbolt.adapter.join import JoinedCall, join_llm_calls
 from agentbolt.adapter.signals import air_counts, attach_rewards
 from agentbolt.errors import ConfigError
 from agentbolt.types import Rollout, Span, Trajectory, TrajectoryFlag, Transition
+from agentbolt.types.rewards import stored_reward
 from agentbolt.types.training import REWARDS_ATTACHED
 
 _ERROR_STATUS = "ERROR"
@@ -235,8 +237,6 @@ def is_correct(value: float | None) -> bool:
 
 
 def _reward_value(raw: object) -> float | None:
-    """A reward span's value as a float, or ``None`` when it is missing, not a number, or not finite."""
-    if isinstance(raw, bool) or not isinstance(raw, int | float):
-        return None
-    value = float(raw)
-    return value if math.isfinite(value) else None
+    """A reward span's value as a float by the one reward rule (:func:`agentbolt.types.rewards.stored_reward`), or
+    ``None`` when it is not a reward (only spans stored before the store enforced the rule can hold one)."""
+    return stored_reward(raw)

@@ -44,5 +44,5 @@ def fail(exc: Exception) -> NoReturn:
         message = "; ".join(str(err.get("msg", err)) for err in exc.errors())
     else:
         message = str(exc)
-    err_console.print(f"[bold red]error:[/] {message}")
-    raise typer.Exit(code=2)
+    err_console.print(f"[bold red]error:[/] {message}", markup=True, highlight=False)
+    raise typer.Exit(code=getattr(exc, "exit_code", 2))  # a job that ran and failed (NothingToTrain) exits 1

@@ -19,10 +19,19 @@ app = typer.Typer(
 )
 
 
+DEFAULT_SERVE_STORE = "sqlite:///agentbolt.db"
+"""The store of ``agentbolt serve`` without ``--store`` (created when missing)."""
+
+
 @app.command()
 def serve(
-    store: str = typer.Option(
-        "sqlite:///agentbolt.db", help="store URL: memory://, sqlite:///path.db or postgresql://user@host/db"
+    store: str | None = typer.Option(
+        None,
+        help=f"store URL: memory://, sqlite:///path.db or postgresql://user@host/db (default {DEFAULT_SERVE_STORE}, "
+        "created if missing); a SQLite file given here must exist, unless --create",
+    ),
+    create: bool = typer.Option(
+        False, "--create", help="start a new, empty SQLite store when the --store file does not exist"
     ),
     host: str = typer.Option("127.0.0.1", help="address to listen on"),
     port: int = typer.Option(8765, help="TCP port (0 = any free port)"),
@@ -55,10 +64,11 @@ def serve(
     ),
 ) -> None:
     """Run the store API, OTLP ingestion (POST /v1/traces) and the LLM gateway."""
+    from agentbolt.errors import ConfigError
     from agentbolt.server.app import create_app
     from agentbolt.server.middleware import MIB
     from agentbolt.server.serving import serve_in_background
-    from agentbolt.store import build_store, redact_url
+    from agentbolt.store import SqliteLightningStore, build_store, redact_url
 
     max_body_bytes = int(max_body_mb * MIB)
     if max_body_bytes < 1:
@@ -75,6 +85,20 @@ def serve(
             ValueError(
                 "--backend-url is for a remote backend; add --backend vllm or --backend openai "
                 "(the embedded backend runs in this process and has no URL)"
+            )
+        )
+
+    if store is None:
+        store, create = DEFAULT_SERVE_STORE, True
+    try:
+        st = build_store(store)
+    except AgentboltError as exc:
+        fail(exc)
+    if isinstance(st, SqliteLightningStore) and not create and not st.path.exists():
+        fail(
+            ConfigError(
+                f"no store file at {str(st.path)!r} (from --store {store}); check the path (sqlite:/// then a "
+                "relative path, four slashes for an absolute one), or pass --create to start a new, empty store there"
             )
         )
 
@@ -98,7 +122,6 @@ def serve(
                 changed = await asyncio.to_thread(apply_adapter, backend.model, adapter)
                 backend.set_model_version(served_version or adapter.name)
                 console.print(f"serving {model} with the LoRA adapter of {adapter} ({changed} weight matrices merged)")
-        st = build_store(store)
         try:
             await st.query_workers()  # open the store now: a bad file or an unreachable database fails here, plainly
             server_app = create_app(st, backend, token=token, max_body_bytes=max_body_bytes)
@@ -181,6 +204,7 @@ def run(
     import sys
 
     from agentbolt.client import HttpLightningStore
+    from agentbolt.runner.isolation import default_isolation
     from agentbolt.runner.processes import load_agent
     from agentbolt.runner.worker import Runner
 
@@ -209,10 +233,17 @@ def run(
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         client = HttpLightningStore(store, token=token)
-        runner = Runner(load_agent(agent), client, worker_id=worker_id, concurrency=concurrency, instrument=frameworks)
+        runner = Runner(
+            load_agent(agent),
+            client,
+            worker_id=worker_id,
+            concurrency=concurrency,
+            instrument=frameworks,
+            isolation=default_isolation(),
+        )
 
         def stopped() -> bool:
-            ended = runner.stats.succeeded + runner.stats.failed
+            ended = runner.stats.succeeded + runner.stats.failed + runner.stats.timed_out
             return stop.is_set() or (exit_after is not None and ended >= exit_after)
 
         try:
@@ -220,6 +251,7 @@ def run(
             stats = await runner.run(stop=stopped)
             console.print(
                 f"runner {runner.worker_id} stopped: {stats.succeeded} succeeded, {stats.failed} failed, "
+                f"{stats.timed_out} timed out, "
                 f"{stats.spans_written} spans written, {stats.span_write_errors + stats.spans_dropped} spans lost"
             )
         finally:
@@ -358,6 +390,43 @@ def inspect(
             typer.echo(json.dumps(inspection.to_json(), ensure_ascii=False, indent=2))
         else:
             console.print(render(inspection))
+
+    try:
+        asyncio.run(main())
+    except AgentboltError as exc:
+        fail(exc)
+
+
+@app.command()
+def rollouts(
+    store: str = typer.Option(..., help=STORE_HELP),
+    status: str | None = typer.Option(None, help="only these statuses, comma-separated (e.g. failed,cancelled)"),
+    cause: str | None = typer.Option(
+        None, help="only this failure cause (agent_exception, no_reward, bad_reward, no_gateway_call, timeout, ...)"
+    ),
+    mode: str | None = typer.Option(None, help="only rollouts of this mode: train, val or test"),
+    limit: int = typer.Option(50, min=1, help="at most this many rows, newest first"),
+    json_: bool = typer.Option(False, "--json", help="print one JSON object per line"),
+    token: str | None = typer.Option(None, envvar="AGENTBOLT_TOKEN", help="bearer token of the server"),
+) -> None:
+    """List rollouts: id, status, attempts, final reward and, for those that gave nothing to train on, the cause."""
+    import json
+
+    from agentbolt.cli.rollouts_cmd import list_rollouts, parse_filters, render_rows
+    from agentbolt.cli.stores import open_store
+
+    async def main() -> None:
+        statuses, parsed_mode, wanted = parse_filters(status, mode, cause)
+        st = open_store(store, token=token)
+        try:
+            rows = await list_rollouts(st, statuses=statuses, mode=parsed_mode, cause=wanted, limit=limit)
+        finally:
+            await st.close()
+        if json_:
+            for row in rows:
+                typer.echo(json.dumps(row.to_json(), ensure_ascii=False))
+        else:
+            console.print(render_rows(rows))
 
     try:
         asyncio.run(main())

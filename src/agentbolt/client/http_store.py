@@ -172,7 +172,9 @@ class HttpLightningStore:
         error: dict[str, Any] | None = None,
         final_reward: float | None = None,
     ) -> Attempt:
-        body = {"status": status.value, "error": error, "final_reward": final_reward}
+        # the reward rule is checked here too: JSON would turn NaN into a bare NaN token the server names less well
+        reward = rules.check_final_reward(final_reward, rollout_id=rollout_id, attempt_id=attempt_id)
+        body = {"status": status.value, "error": error, "final_reward": reward}
         path = f"/v1/rollouts/{rollout_id}/attempts/{attempt_id}/status"
         return Attempt.model_validate_json(await self._request("POST", path, body=self._json(body)))
 
@@ -259,12 +261,13 @@ class HttpLightningStore:
                 return done
 
     async def add_span(self, span: Span) -> Span:
+        (span,) = rules.check_reward_spans([span])  # before encoding: pydantic's JSON would send NaN as null
         return Span.model_validate_json(await self._request("POST", "/v1/spans", body=self._dump(span)))
 
     async def add_spans(self, spans: Sequence[Span]) -> list[Span]:
         if not spans:
             return []
-        body = b'{"spans":' + _SPANS.dump_json(list(spans)) + b"}"
+        body = b'{"spans":' + _SPANS.dump_json(rules.check_reward_spans(spans)) + b"}"
         return _SPANS.validate_json(await self._request("POST", "/v1/spans/batch", body=body))
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:

@@ -100,12 +100,18 @@ def _runner_main(
             sys.path.append(entry)
     logging.basicConfig(level=logging.WARNING)
     from agentbolt.client import HttpLightningStore
+    from agentbolt.runner.isolation import default_isolation
     from agentbolt.runner.worker import Runner
 
     async def main() -> None:
         store = HttpLightningStore(store_url, token=token)
         runner = Runner(
-            load_agent(agent_ref), store, worker_id=worker_id, concurrency=concurrency, instrument=instrument
+            load_agent(agent_ref),
+            store,
+            worker_id=worker_id,
+            concurrency=concurrency,
+            instrument=instrument,
+            isolation=default_isolation(),
         )
         try:
             await runner.run(stop=lambda: stop.is_set() or orphaned.is_set())
@@ -147,7 +153,9 @@ def start_runner_processes(
     """Start ``n_processes`` spawned runner processes, each running ``concurrency`` rollouts at once.
 
     ``instrument`` is passed to each :class:`~agentbolt.runner.worker.Runner` (frameworks to instrument; ``True``:
-    every installed one). Spans go to the server over OTLP/HTTP (``<store_url>/v1/traces``).
+    every installed one). Spans go to the server over OTLP/HTTP (``<store_url>/v1/traces``). A synchronous agent
+    runs in a child process forked per attempt (``isolation="process"``, where fork exists), so an attempt past its
+    ``timeout_seconds`` is killed and its slot freed at once.
 
     The runners end with the calling process: :meth:`RunnerPool.stop` stops them cleanly, and if the caller dies
     without stopping them (SIGKILL, SIGTERM), each runner notices within a second, stops claiming rollouts, and exits

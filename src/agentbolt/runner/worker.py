@@ -16,7 +16,10 @@ The frameworks named by ``instrument`` are instrumented while the runner runs (s
 
 Final reward: the agent's returned number, else its last unnamed ``emit_reward``. A returned number is also
 recorded as an unnamed reward span, after everything the agent recorded. An exception that ends the attempt is
-recorded as an ``agentbolt.exception`` span.
+recorded as an ``agentbolt.exception`` span. Every failed attempt names its cause in ``error["cause"]``
+(:mod:`agentbolt.adapter.causes`): ``agent_exception`` (the agent raised), ``bad_reward`` (it returned something that
+is not a reward, :mod:`agentbolt.types.rewards`), ``no_reward`` (it returned None and emitted no final reward),
+``timeout`` (the runner stopped it).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
+import time
 import traceback
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -34,15 +37,28 @@ from typing import Any
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from agentbolt.adapter import last_reward
+from agentbolt.adapter.causes import AGENT_EXCEPTION, BAD_REWARD, NO_REWARD
 from agentbolt.client import HttpLightningStore
+from agentbolt.errors import ConfigError, InvalidTransitionError, RewardError
 from agentbolt.runner.agent import LitAgent
+from agentbolt.runner.isolation import (
+    AgentTimeout,
+    Isolation,
+    RemoteAgentError,
+    describe_exception,
+    process_isolation_available,
+    run_in_child,
+    run_in_thread,
+    timeout_error,
+)
 from agentbolt.store.base import LightningStore
 from agentbolt.tracing import instrumentors
 from agentbolt.tracing.context import AttemptContext, attempt_scope
 from agentbolt.tracing.emit import emit_exception, emit_reward
 from agentbolt.tracing.export import ExportQueue, StoreSpanExporter, otlp_exporter
 from agentbolt.tracing.otel import span_router, tracer_provider
-from agentbolt.types import LLM, AttemptedRollout, AttemptStatus, Resource
+from agentbolt.types import LLM, AttemptedRollout, AttemptStatus, Resource, Span
+from agentbolt.types.rewards import returned_reward
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +69,7 @@ class RunnerStats:
 
     Attributes:
         succeeded / failed: attempts reported succeeded, or failed because the agent (or its setup) raised.
+        timed_out: attempts the runner stopped at their ``timeout_seconds`` (reported ``timeout``).
         spans_written: spans the store acknowledged.
         span_write_errors: spans the exporter could not write (the store refused them or could not be reached).
         spans_dropped: spans never sent (the export queue was full).
@@ -60,6 +77,7 @@ class RunnerStats:
 
     succeeded: int = 0
     failed: int = 0
+    timed_out: int = 0
     spans_written: int = 0
     span_write_errors: int = 0
     spans_dropped: int = 0
@@ -72,11 +90,24 @@ class _Slot:
     attempt: tuple[str, str] | None = None
 
 
+NO_REWARD_ERROR: dict[str, Any] = {
+    "type": NO_REWARD,
+    "cause": NO_REWARD,
+    "message": "the agent returned None and emitted no final reward: return a number (the reward), or call "
+    "agentbolt.emit_reward(value) before returning",
+}
+"""The error of an attempt whose agent gave no final reward (reported ``failed``)."""
+
+
 def final_reward_of(ctx: AttemptContext, returned: Any) -> float | None:
-    """The attempt's final reward: the agent's returned number if finite, else its last unnamed ``emit_reward``."""
-    if isinstance(returned, bool | int | float) and math.isfinite(float(returned)):
-        return float(returned)
-    return last_reward(ctx.spans)
+    """The attempt's final reward: the agent's returned reward, else its last unnamed ``emit_reward``.
+
+    Raises:
+        RewardError: ``returned`` is neither None nor a reward (a string, NaN, an object): see
+            :mod:`agentbolt.types.rewards`.
+    """
+    reward = returned_reward(returned)
+    return reward if reward is not None else last_reward(ctx.spans)
 
 
 def span_exporter_for(store: LightningStore, loop: asyncio.AbstractEventLoop) -> SpanExporter:
@@ -105,6 +136,15 @@ class Runner:
             one that is not available makes :meth:`run` raise ``FrameworkUnavailable`` before any claim).
         span_exporter: where spans go (default: :func:`span_exporter_for` the store); shut down by :meth:`close`.
         span_flush_timeout_s: how long an attempt's end waits for its spans to be exported before reporting anyway.
+        isolation: where a synchronous agent runs (:mod:`agentbolt.runner.isolation`): ``"process"``, a child
+            process forked per attempt and killed at the attempt's timeout; ``"thread"``, a thread that is abandoned
+            (left running) at the timeout. Default ``"thread"``: the agent shares the runner's memory, as a direct
+            call would; runner processes started by a job or ``agentbolt run`` use ``"process"``. An ``async``
+            agent always runs on the runner's loop and is cancelled at the timeout.
+
+    Timeouts: an attempt whose rollout sets ``config.timeout_seconds`` is stopped by the runner when that many seconds
+    have passed since its claim, reported ``timeout`` (``error.type == "timeout"``), and its slot takes the next
+    rollout at once.
 
     Call :meth:`close` after using :meth:`run_attempt` directly (:meth:`run` closes by itself): it exports what is
     left, stops the export thread and releases the instrumentation.
@@ -122,8 +162,14 @@ class Runner:
         instrument: bool | str | Sequence[str] = True,
         span_exporter: SpanExporter | None = None,
         span_flush_timeout_s: float = 30.0,
+        isolation: Isolation = "thread",
     ) -> None:
+        if isolation not in ("process", "thread"):
+            raise ConfigError(f"isolation must be 'process' or 'thread', got {isolation!r}")
+        if isolation == "process" and not process_isolation_available():
+            raise ConfigError("isolation='process' needs fork (POSIX); use isolation='thread' on this system")
         self.agent = agent
+        self.isolation: Isolation = isolation
         self.store = store
         self.worker_id = worker_id or f"runner-{uuid.uuid4().hex[:8]}"
         self.concurrency = concurrency
@@ -225,6 +271,9 @@ class Runner:
     async def run_attempt(self, claimed: AttemptedRollout, slot: _Slot | None = None) -> None:
         """Run the agent on one claimed attempt and report its end state. Never raises for agent errors.
 
+        The agent is stopped at the rollout's ``timeout_seconds`` (counted from now) and the attempt reported
+        ``timeout``; see the class docstring.
+
         Raises:
             FrameworkUnavailable: on the first attempt, a framework named in ``instrument`` cannot be instrumented.
         """
@@ -233,51 +282,106 @@ class Runner:
         export = await self._tracing()
         slot.attempt = (rollout.rollout_id, attempt.attempt_id)
         ctx = AttemptContext(rollout.rollout_id, attempt.attempt_id, export=export)
+        deadline = None
+        if rollout.config.timeout_seconds is not None:  # counted from the store's start of the attempt
+            elapsed = min(max(0.0, time.time() - (attempt.start_time or time.time())), rollout.config.timeout_seconds)
+            deadline = time.monotonic() + rollout.config.timeout_seconds - elapsed
         try:
             resources = await self._resources(claimed)
             await self.store.update_attempt(rollout.rollout_id, attempt.attempt_id, AttemptStatus.RUNNING)
-            returned = await self._call_agent(ctx, rollout.input, resources, claimed)
-            reward = final_reward_of(ctx, returned)
-            if isinstance(returned, bool | int | float):
-                if math.isfinite(float(returned)):
-                    with attempt_scope(ctx):
-                        emit_reward(float(returned))
-                else:
-                    logger.warning("agent returned %r for %s; ignored as a reward", returned, attempt.attempt_id)
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            returned = await self._call_agent(ctx, rollout.input, resources, claimed, left)
+            reward = returned_reward(returned)  # RewardError (a bad_reward failure) for a string, NaN, an object
+            if reward is not None:
+                with attempt_scope(ctx):
+                    emit_reward(reward)
+            else:
+                reward = last_reward(ctx.spans)
             await self._finish_spans(ctx, export)
+            if reward is None:
+                await self._report_end(claimed, AttemptStatus.FAILED, NO_REWARD_ERROR)
+                self.stats.failed += 1
+                logger.warning("attempt %s: %s", attempt.attempt_id, NO_REWARD_ERROR["message"])
+                return
             await self.store.update_attempt(
                 rollout.rollout_id, attempt.attempt_id, AttemptStatus.SUCCEEDED, final_reward=reward
             )
             self.stats.succeeded += 1
-        except Exception as exc:
+        except AgentTimeout as exc:
             with attempt_scope(ctx):
                 emit_exception(exc)
             await self._finish_spans(ctx, export)
-            error = {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}
-            try:
-                await self.store.update_attempt(
-                    rollout.rollout_id, attempt.attempt_id, AttemptStatus.FAILED, error=error
-                )
-            except Exception as report_exc:  # e.g. the attempt already expired; the store decides
-                logger.warning("could not report failure of %s: %r", attempt.attempt_id, report_exc)
+            await self._report_end(claimed, AttemptStatus.TIMEOUT, timeout_error(exc, self.worker_id))
+            self.stats.timed_out += 1
+            logger.warning("attempt %s: %s", attempt.attempt_id, exc)
+        except Exception as exc:
+            if isinstance(exc, RemoteAgentError):  # the child recorded the exception span itself
+                error = {"type": exc.type_name, "message": exc.message, "traceback": exc.traceback_text}
+            else:
+                with attempt_scope(ctx):
+                    emit_exception(exc)
+                error = {
+                    "type": type(exc).__name__,
+                    "message": describe_exception(exc),
+                    "traceback": traceback.format_exc(),
+                }
+            error["cause"] = BAD_REWARD if isinstance(exc, RewardError) else AGENT_EXCEPTION
+            await self._finish_spans(ctx, export)
+            await self._report_end(claimed, AttemptStatus.FAILED, error)
             self.stats.failed += 1
-            logger.warning("attempt %s failed: %s: %s", attempt.attempt_id, type(exc).__name__, exc)
+            logger.warning("attempt %s failed: %s: %s", attempt.attempt_id, error["type"], error["message"])
         finally:
             slot.attempt = None
 
+    async def _report_end(self, claimed: AttemptedRollout, status: AttemptStatus, error: dict[str, Any]) -> None:
+        """Report a failed or timed-out attempt; a refusal (e.g. the store already expired it) is only logged."""
+        try:
+            await self.store.update_attempt(claimed.rollout.rollout_id, claimed.attempt.attempt_id, status, error=error)
+        except InvalidTransitionError as report_exc:  # the store ended it first (its own lease check, a cancel)
+            logger.info("%s of %s not reported: %s", status.value, claimed.attempt.attempt_id, report_exc)
+        except Exception as report_exc:
+            logger.warning("could not report %s of %s: %r", status.value, claimed.attempt.attempt_id, report_exc)
+
     async def _call_agent(
-        self, ctx: AttemptContext, task: Any, resources: Mapping[str, Resource], claimed: AttemptedRollout
+        self,
+        ctx: AttemptContext,
+        task: Any,
+        resources: Mapping[str, Resource],
+        claimed: AttemptedRollout,
+        timeout_s: float | None,
     ) -> Any:
+        """The agent's return value; raises what the agent raised, or AgentTimeout past ``timeout_s`` seconds."""
         if self.agent.is_async:
-            with attempt_scope(ctx):
-                result = self.agent.rollout(task, resources, claimed.rollout)
-                return await result if isinstance(result, Awaitable) else result
 
-        def in_thread() -> Any:
-            with attempt_scope(ctx):
-                return self.agent.rollout(task, resources, claimed.rollout)
+            async def on_loop() -> Any:
+                with attempt_scope(ctx):
+                    result = self.agent.rollout(task, resources, claimed.rollout)
+                    return await result if isinstance(result, Awaitable) else result
 
-        return await asyncio.to_thread(in_thread)
+            limit = asyncio.timeout(timeout_s)
+            try:
+                async with limit:
+                    return await on_loop()
+            except TimeoutError:
+                if not limit.expired():  # the agent's own TimeoutError
+                    raise
+                raise AgentTimeout(timeout_s or 0.0, "cancelled") from None
+
+        def call() -> Any:
+            return self.agent.rollout(task, resources, claimed.rollout)
+
+        if self.isolation == "process":
+            return await run_in_child(call, ctx, self._write_child_spans, timeout_s)
+        return await run_in_thread(call, ctx, timeout_s)
+
+    async def _write_child_spans(self, spans: list[Span]) -> None:
+        """Write spans a child process sent back (process isolation); failures are counted, never raised."""
+        try:
+            await self.store.add_spans(spans)
+            self.stats.spans_written += len(spans)
+        except Exception as exc:
+            self.stats.span_write_errors += len(spans)
+            logger.warning("could not write %d spans of attempt %s: %r", len(spans), spans[0].attempt_id, exc)
 
     async def _finish_spans(self, ctx: AttemptContext, export: ExportQueue) -> None:
         """Wait until the attempt's spans are exported; count what was written, failed or dropped."""

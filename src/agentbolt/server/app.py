@@ -25,7 +25,7 @@ from agentbolt.errors import ConfigError
 from agentbolt.inference.base import InferenceBackend
 from agentbolt.server.dashboard_api import router as dashboard_router
 from agentbolt.server.dashboard_run import router as run_router
-from agentbolt.server.errors import install_error_handlers
+from agentbolt.server.errors import document_common_errors, install_error_handlers
 from agentbolt.server.gateway.routes import plain_router as plain_gateway_router
 from agentbolt.server.gateway.routes import router as gateway_router
 from agentbolt.server.gateway.sampling import VersionLLMCache
@@ -98,6 +98,7 @@ def create_app(
     app.state.swap_gate = swap_gate if swap_gate is not None else WeightSwapGate()
     app.state.version_llms = VersionLLMCache()
     app.state.max_body_bytes = max_body_bytes
+    app.state.unscoped_calls = 0  # LLM calls at /v1/chat/completions, outside any attempt (recorded nowhere)
     install_error_handlers(app)
 
     app.include_router(dashboard_router)  # before store_router: /v1/rollouts/search is not a rollout id
@@ -117,7 +118,7 @@ def create_app(
 
     app.mount(DASHBOARD_PREFIX.rstrip("/"), StaticFiles(directory=DASHBOARD_DIR), name="dashboard")
 
-    _document_bearer_auth(app)
+    _document_guards(app)
 
     # In front of FastAPI's own stack: the token check first, then the body size limit, then the direct path to the
     # hot store routes (which thereby skip FastAPI's middleware and routing, but never the guards).
@@ -146,8 +147,9 @@ class AgentboltApp(FastAPI):
         await super().__call__(scope, receive, send)
 
 
-def _document_bearer_auth(app: FastAPI) -> None:
-    """Declare the bearer token in the OpenAPI document (optional: it is required only when the server has one)."""
+def _document_guards(app: FastAPI) -> None:
+    """Declare the bearer token in the OpenAPI document (optional: it is required only when the server has one), and
+    the error answers every route can give (:func:`~agentbolt.server.errors.document_common_errors`)."""
     build = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -161,6 +163,7 @@ def _document_bearer_auth(app: FastAPI) -> None:
                 "requires 'Authorization: Bearer <token>' and answers 401 without it.",
             }
             schema["security"] = [{"bearerAuth": []}, {}]
+            document_common_errors(schema)
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -34,8 +34,10 @@ from pydantic import BaseModel, ValidationError
 
 from agentbolt import semconv
 from agentbolt.adapter import build_trajectory
+from agentbolt.adapter.causes import BAD_REWARD, NO_GATEWAY_CALL, NO_REWARD
 from agentbolt.adapter.export_rows import FinishedRollout, rl_rows
 from agentbolt.adapter.signals import infrastructure_failure, is_tool_span
+from agentbolt.server.errors import error_responses
 from agentbolt.store import rules
 from agentbolt.store.base import LightningStore
 from agentbolt.store.search import MAX_SEARCH_LIMIT, ResourceRewardStats, RolloutPage, RolloutSearch
@@ -50,6 +52,7 @@ from agentbolt.types import (
     TrainedCall,
     TrainedSample,
 )
+from agentbolt.types.bounds import INT64_MAX
 
 router = APIRouter(prefix="/v1", tags=["dashboard"])
 
@@ -61,8 +64,14 @@ ERROR_LABELS: Final[dict[str, str]] = {
     "gateway_error": "Inference backend failed (gateway)",
     "llm_error": "LLM call refused (e.g. context length)",
     "tool_failure": "A tool call failed",
+    "no_reward": "The agent returned None and emitted no reward",
+    "bad_reward": "The agent returned something that is not a reward",
+    "no_gateway_call": "The agent made no LLM call through its llm.endpoint (nothing to train)",
 }
 """Human labels of the error kinds; ``agent_exception:<type>`` kinds are labelled with the exception type."""
+MIN_BUCKET_S: Final = 0.001
+MAX_BUCKET_S: Final = 366 * 86_400.0
+"""Bounds of the error summary's bucket width: a millisecond to a year (a tinier width overflows the bucket index)."""
 
 
 def _store(request: Request) -> LightningStore:
@@ -83,7 +92,7 @@ async def search_rollouts(
     sort_by: str = Query(rules.DEFAULT_ROLLOUT_SORT, description=f"one of {', '.join(rules.ROLLOUT_SORT_FIELDS)}"),
     descending: bool = False,
     limit: int = Query(50, ge=0, le=MAX_SEARCH_LIMIT),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=INT64_MAX),
 ) -> RolloutPage:
     """Rollouts matching every filter, sorted and paged, with the total number that matched (422 on bad input)."""
     try:
@@ -287,7 +296,7 @@ def _recorded_fields(
     return fields, [0 if a is None else 1 for a in advantages], advantages
 
 
-@router.get("/rollouts/{rollout_id}/transitions", response_model=list[TransitionView])
+@router.get("/rollouts/{rollout_id}/transitions", response_model=list[TransitionView], responses=error_responses(404))
 async def rollout_transitions(rollout_id: str, request: Request, attempt_id: str | None = None) -> list[TransitionView]:
     """The LLM calls of one attempt (default: the latest) with token texts, rewards and advantages; 404 if unknown."""
     store = _store(request)
@@ -428,11 +437,15 @@ def error_kind(attempt: Attempt, spans: Sequence[Span]) -> str:
     ``gateway_error`` (an infrastructure error code on an LLM span,
     :func:`agentbolt.adapter.signals.infrastructure_failure`), ``agent_exception:<type>`` (the attempt's
     ``error.type``, else the first ``agentbolt.exception`` span's ``exception.type``), ``tool_failure`` (a tool span
-    with status ERROR), ``llm_error`` (an LLM span with an error), else ``agent_exception:unknown``."""
+    with status ERROR), ``llm_error`` (an LLM span with an error), else ``agent_exception:unknown``. A runner's
+    ``error.cause`` of ``no_reward`` or ``bad_reward`` is the kind itself."""
     if attempt.status in (AttemptStatus.TIMEOUT, AttemptStatus.UNRESPONSIVE):
         return attempt.status.value
     if infrastructure_failure(attempt.status, spans) is not None:
         return "gateway_error"
+    cause = (attempt.error or {}).get("cause")
+    if cause in (NO_REWARD, BAD_REWARD):  # named by the runner (agentbolt.adapter.causes)
+        return str(cause)
     error_type = (attempt.error or {}).get("type")
     if not error_type:
         for span in spans:
@@ -455,11 +468,15 @@ def error_kind(attempt: Attempt, spans: Sequence[Span]) -> str:
 @router.get("/errors/summary", response_model=ErrorSummary)
 async def errors_summary(
     request: Request,
-    bucket_s: float = Query(60.0, gt=0, allow_inf_nan=False, description="width of a series bucket, seconds"),
+    bucket_s: float = Query(
+        60.0, ge=MIN_BUCKET_S, le=MAX_BUCKET_S, allow_inf_nan=False, description="width of a series bucket, seconds"
+    ),
     max_rollouts: int = Query(500, ge=1, le=10_000, description="failed rollouts read, most recently ended first"),
 ) -> ErrorSummary:
-    """Failed/timeout/unresponsive attempts of the ``max_rollouts`` most recently ended failed rollouts, by kind.
-    Cancellations are not errors and are left out. Buckets start at multiples of ``bucket_s`` (attempt end time)."""
+    """Failed/timeout/unresponsive attempts of the ``max_rollouts`` most recently ended failed rollouts, by kind,
+    and ``no_gateway_call``: the most recently ended succeeded rollouts (at most 200) whose last attempt recorded no
+    LLM call. Cancellations are not errors and are left out. Buckets start at multiples of ``bucket_s`` (attempt end
+    time)."""
     store = _store(request)
     failed = await store.query_rollouts(
         status=[RolloutStatus.FAILED], sort_by="end_time", descending=True, limit=max_rollouts
@@ -478,6 +495,25 @@ async def errors_summary(
             series[bucket] = series.get(bucket, 0) + 1
             if kind not in examples or when > examples[kind][0]:
                 examples[kind] = (when, ErrorExample(rollout_id=rollout.rollout_id, attempt_id=attempt.attempt_id))
+    # Succeeded rollouts without a single gateway call give nothing to train on (the agent missed llm.endpoint).
+    succeeded = await store.query_rollouts(
+        status=[RolloutStatus.SUCCEEDED], sort_by="end_time", descending=True, limit=min(max_rollouts, 200)
+    )
+    for rollout in succeeded:
+        attempts = await store.query_attempts(rollout.rollout_id)
+        if not attempts:
+            continue
+        attempt = attempts[-1]
+        spans = await store.query_spans(rollout.rollout_id, attempt.attempt_id)
+        if any(span.name == semconv.SPAN_LLM_CALL for span in spans):
+            continue
+        when = attempt.end_time if attempt.end_time is not None else attempt.start_time
+        bucket = math.floor(when / bucket_s) * bucket_s
+        series = counts.setdefault(NO_GATEWAY_CALL, {})
+        series[bucket] = series.get(bucket, 0) + 1
+        if NO_GATEWAY_CALL not in examples or when > examples[NO_GATEWAY_CALL][0]:
+            example = ErrorExample(rollout_id=rollout.rollout_id, attempt_id=attempt.attempt_id)
+            examples[NO_GATEWAY_CALL] = (when, example)
     kinds = [
         ErrorKind(
             kind=kind,

@@ -37,6 +37,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, JsonValue
 
 from agentbolt.errors import NotFoundError
+from agentbolt.server.errors import error_responses
 from agentbolt.store.base import LightningStore
 from agentbolt.types import Metric, ResourcesUpdate
 
@@ -480,7 +481,7 @@ async def list_runs(request: Request) -> list[RunSummary]:
     return [_summary(run) for run in await _runs(request.app.state.store)]
 
 
-@router.get("/runs/{run_id}", response_model=RunView)
+@router.get("/runs/{run_id}", response_model=RunView, responses=error_responses(404))
 async def get_run(run_id: str, request: Request) -> RunView:
     """One train job: its resolved config, validation table (before/after training), one row per step (reward,
     samples trained, why an update was skipped) and checkpoints with the commands that serve and score each; 404 when

@@ -20,6 +20,13 @@ is 400 with that message (so a misconfigured exporter fails loudly instead of dr
 unknown rollout or attempt is 404 and nothing of the request is stored: all accepted spans go to the store in one
 ``add_spans`` call (all or nothing), grouped by attempt in order of first appearance, each group in request order.
 
+Rewards (the store's rules, :mod:`agentbolt.store.rules`, the same as ``POST /v1/spans``): a reward span
+(``agentbolt.reward``) whose ``agentbolt.reward.value`` is not a reward by :mod:`agentbolt.types.rewards` (a
+``stringValue`` such as ``"1"``, an empty value, a NaN or infinite ``doubleValue``) makes the whole request a 422
+naming the span and the value; an ``intValue`` (what the OpenTelemetry JS SDK sends for an integer) or a
+``boolValue`` is accepted and stored as a float. A reward span for an attempt that has ended makes the whole request
+a 409 naming the attempt and its status. In both cases nothing of the request is stored.
+
 Conversion to :class:`agentbolt.types.Span`: ids become lowercase hex; times become float epoch seconds (an end
 time of 0 becomes ``None``); attribute values map to JSON (string, bool, int, float, list for arrays, dict for
 kvlists, base64 string for bytes, ``None`` for an empty value). The span's status code becomes ``UNSET``/``OK``/
@@ -371,7 +378,11 @@ over resource attributes, key by key.
 
 **Rejections**: spans lacking either key (or with malformed ids) are rejected. When others in the request are
 accepted, the answer is 200 with `partialSuccess.rejectedSpans` and an `errorMessage` naming the missing keys; when
-none is, it is 400. An unknown rollout or attempt answers 404 and stores nothing of the request."""
+none is, it is 400. An unknown rollout or attempt answers 404 and stores nothing of the request.
+
+**Rewards**: a reward span (`{semconv.SPAN_REWARD}`) whose `{semconv.REWARD_VALUE}` is not a finite number or a bool
+(a `stringValue` such as `"1"`, an empty value, NaN) answers 422 naming the span and the value; one for an attempt
+that has already ended answers 409 naming the attempt and its status. Either way nothing of the request is stored."""
 
 _OTLP_JSON_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -409,8 +420,10 @@ _OTLP_JSON_SCHEMA: dict[str, Any] = {
         200: {"description": "ExportTraceServiceResponse (with partialSuccess when some spans were rejected)"},
         400: {"description": "unparsable body, or no span could be attributed to an attempt"},
         404: {"description": "unknown rollout or attempt"},
+        409: {"description": "a reward span for an attempt that has already ended (nothing stored)"},
         413: {"description": "body (or decompressed body) larger than the server's limit"},
         415: {"description": "unsupported Content-Type or Content-Encoding"},
+        422: {"description": "a reward span whose value is not a reward, e.g. a string or NaN (nothing stored)"},
     },
 )
 async def export_traces(request: Request) -> Response:

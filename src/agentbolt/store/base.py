@@ -109,10 +109,14 @@ class LightningStore(Protocol):
 
         ``running`` starts the rollout; ``succeeded`` ends it; ``failed``/``timeout``/``unresponsive`` ends it or
         requeues it (while ``num_attempts < max_attempts`` and the status is in ``config.retry_on``).
-        Updates to a superseded attempt are stored on the attempt but do not move the rollout.
+        Updates to a superseded attempt are stored on the attempt but do not move the rollout. ``final_reward``
+        (only with ``succeeded``) becomes the rollout's reward; it must be a reward by the one reward rule
+        (:mod:`agentbolt.types.rewards`).
 
         Raises:
             InvalidTransitionError: illegal attempt transition.
+            RewardError: ``final_reward`` is not a reward (a string, NaN, an infinity...).
+            ConfigError: ``final_reward`` with a status other than ``succeeded``.
         """
         ...
 
@@ -185,13 +189,18 @@ class LightningStore(Protocol):
     async def add_span(self, span: Span) -> Span:
         """Store a span, assigning the next ``sequence_id`` of its attempt. Counts as a heartbeat.
 
+        A reward span (``agentbolt.reward``) is stored with its ``agentbolt.reward.value`` as a float (``true`` is
+        1.0); rules in :mod:`agentbolt.store.rules`.
+
         Raises:
             NotFoundError: unknown rollout or attempt.
+            RewardError: a reward span whose value is missing or not a reward (a string, null, NaN...).
+            ConflictError: a reward span for an attempt that has ended (a consumed result never changes).
         """
         ...
 
     async def add_spans(self, spans: Sequence[Span]) -> list[Span]:
-        """Batch form of :meth:`add_span`; all or nothing, order preserved."""
+        """Batch form of :meth:`add_span`; all or nothing (any error above stores none of them), order preserved."""
         ...
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:

@@ -352,9 +352,13 @@ class InMemoryLightningStore:
 
     # ----------------------------------------------------------------- spans
     def _numbered(self, spans: Sequence[Span]) -> list[tuple[Attempt, Span]]:
-        """Validate every span first, then number them (all or nothing). The copies are shallow: they are encoded
-        to JSON before anything else can change them."""
+        """Validate every span first (its attempt exists; the reward rules of :mod:`agentbolt.store.rules`), then
+        number them (all or nothing). The copies are shallow: they are encoded to JSON before anything else can
+        change them."""
+        spans = rules.check_reward_spans(spans)
         attempts = [self._attempt(span.rollout_id, span.attempt_id) for span in spans]
+        for attempt, span in zip(attempts, spans, strict=True):
+            rules.check_span_target(span, attempt.status)
         numbered: list[tuple[Attempt, Span]] = []
         counts: dict[tuple[str, str], int] = {}
         for attempt, span in zip(attempts, spans, strict=True):
@@ -369,7 +373,8 @@ class InMemoryLightningStore:
 
     async def add_spans(self, spans: Sequence[Span]) -> list[Span]:
         """Store spans all or nothing, in order. Raises NotFoundError for an unknown rollout/attempt; ConfigError
-        for an attribute value that JSON cannot hold (checked before anything is stored)."""
+        for an attribute value that JSON cannot hold, RewardError for a reward span whose value is not a reward,
+        ConflictError for a reward span of an ended attempt (all checked before anything is stored)."""
         self._start()
         now = time.time()
         numbered = self._numbered(spans)

@@ -441,16 +441,19 @@ class PostgresLightningStore:
 
     async def add_spans(self, spans: Sequence[Span]) -> list[Span]:
         """Store spans all or nothing, in order, in one transaction. Raises NotFoundError, ConfigError (attributes
-        not JSON-serializable)."""
+        not JSON-serializable), RewardError (a reward span whose value is not a reward), ConflictError (a reward span
+        of an ended attempt)."""
         if not spans:
             return []
-        batch = list(spans)
+        batch = rules.check_reward_spans(spans)
 
         async def write(conn: Conn) -> list[Span]:
             now = time.time()
             next_seq: dict[tuple[str, str], int] = {}
+            status_of: dict[tuple[str, str], AttemptStatus] = {}
             for key in sorted({(s.rollout_id, s.attempt_id) for s in batch}):  # one lock order: no deadlocks
                 attempt = await schema.get_attempt(conn, *key, lock=True)  # also serializes numbering per attempt
+                status_of[key] = attempt.status
                 refreshed = rules.refresh_attempt(attempt, now)
                 if refreshed is not attempt:
                     await schema.ATTEMPTS.update(conn, refreshed)
@@ -459,6 +462,8 @@ class PostgresLightningStore:
                 )
                 row = await cur.fetchone()
                 next_seq[key] = (row[0] if row is not None else 0) + 1
+            for span in batch:  # before anything is written: a refused batch rolls back the heartbeats too
+                rules.check_span_target(span, status_of[(span.rollout_id, span.attempt_id)])
             stored: list[Span] = []
             for span in batch:
                 key = (span.rollout_id, span.attempt_id)

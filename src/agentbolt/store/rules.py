@@ -11,18 +11,30 @@ Rules (DESIGN.md, "The store"):
     - updates to a superseded attempt (not the rollout's latest) are kept on the attempt and never move the rollout;
     - a lease expires: ``timeout_seconds`` after the attempt's start, or ``unresponsive_seconds`` after its last
       heartbeat (or span, or its start when it never sent one);
-    - cancelling a rollout ends its in-flight attempt as ``failed`` with ``error.type == "cancelled"``.
+    - cancelling a rollout ends its in-flight attempt as ``failed`` with ``error.type == "cancelled"``;
+    - **one reward rule** (:mod:`agentbolt.types.rewards`): ``final_reward`` of a status change and the value of every
+      reward span (``agentbolt.reward``, attribute ``agentbolt.reward.value``) must be a finite number or a bool
+      (stored as a float); a string (numeric or not), ``None``, NaN or an infinity is refused with
+      :class:`~agentbolt.errors.RewardError` (422) naming the span and the value, and nothing of the call is stored
+      (:func:`check_reward_spans`);
+    - **no late rewards**: a reward span (named or not) for an attempt that has ended (``succeeded``, ``failed``,
+      ``timeout``, ``unresponsive``) is refused with :class:`~agentbolt.errors.ConflictError` (409) naming the
+      attempt and its status, and nothing of the call is stored (:func:`check_span_target`). A consumed result
+      never changes: the reward a trainer read when the rollout ended is the reward a dashboard reads later. Other
+      spans of an ended attempt (an LLM call the gateway finished recording late, an exception) are still stored.
+      A runner records the returned reward span *before* it reports the attempt ended, and ``final_reward`` in the
+      status call sets the rollout's reward directly, so neither is late.
 """
 
 from __future__ import annotations
 
-import math
 import secrets
 import time
 from collections.abc import Sequence
 from typing import Any, Final
 
-from agentbolt.errors import ConfigError, InvalidTransitionError
+from agentbolt import semconv
+from agentbolt.errors import ConfigError, ConflictError, InvalidTransitionError
 from agentbolt.store.lifecycle import (
     ATTEMPT_EVENT_FOR_STATUS,
     ROLLOUT_TRANSITIONS,
@@ -39,9 +51,11 @@ from agentbolt.types import (
     Rollout,
     RolloutConfig,
     RolloutStatus,
+    Span,
     TrainedSample,
     Worker,
 )
+from agentbolt.types.rewards import coerce_reward
 
 CLAIMABLE_ROLLOUT_STATUSES: Final[frozenset[RolloutStatus]] = frozenset(
     state for (state, event) in ROLLOUT_TRANSITIONS if event == RolloutEvent.CLAIM
@@ -222,12 +236,13 @@ def update_attempt(
     given) is stored on the attempt. ``final_reward`` is stored on the rollout when the latest attempt succeeds.
 
     Raises:
-        ConfigError: ``final_reward`` not finite, or given with a status other than ``succeeded``.
+        RewardError: ``final_reward`` is not a reward (:func:`~agentbolt.types.rewards.coerce_reward`: a string,
+            NaN, an infinity...).
+        ConfigError: ``final_reward`` given with a status other than ``succeeded``.
         InvalidTransitionError: the attempt (or its rollout) cannot make that move; the message names the allowed
             ones.
     """
-    if final_reward is not None and not math.isfinite(final_reward):
-        raise ConfigError(f"final_reward must be a finite number, got {final_reward}")
+    final_reward = check_final_reward(final_reward, rollout_id=rollout.rollout_id, attempt_id=attempt.attempt_id)
     if final_reward is not None and status != AttemptStatus.SUCCEEDED:
         raise ConfigError(
             f"final_reward is only accepted with status 'succeeded', got status '{status.value}'; "
@@ -265,7 +280,7 @@ def update_attempt(
     if new_rollout_status in TERMINAL_ROLLOUT_STATUSES:
         changes["end_time"] = now
     if new_rollout_status == RolloutStatus.SUCCEEDED and final_reward is not None:
-        changes["final_reward"] = float(final_reward)
+        changes["final_reward"] = final_reward
     return rollout.model_copy(update=changes), new_attempt
 
 
@@ -393,3 +408,61 @@ def check_trained_samples(train_step: int, samples: Sequence[TrainedSample]) -> 
         seen.add(sample.sample_index)
         pairs[(sample.rollout_id, sample.attempt_id)] = None
     return list(pairs)
+
+
+def check_final_reward(final_reward: object, *, rollout_id: str, attempt_id: str) -> float | None:
+    """``final_reward`` of a status change as a float by the reward rule, or ``None`` when none is given. Pure.
+
+    Raises:
+        RewardError: ``final_reward`` is not a reward (a string, NaN, an infinity...); the message names the value
+            and the attempt.
+    """
+    if final_reward is None:
+        return None
+    return coerce_reward(final_reward, where=f"final_reward of attempt {attempt_id} of rollout {rollout_id}")
+
+
+def is_reward_span(span: Span) -> bool:
+    """Whether ``span`` is a reward (name ``agentbolt.reward``, named or not)."""
+    return span.name == semconv.SPAN_REWARD
+
+
+def check_reward_spans(spans: Sequence[Span]) -> list[Span]:
+    """The spans to store, each reward span's value coerced to a float by the reward rule (see module rules); other
+    spans unchanged (the same objects). Pure; call it before storing anything.
+
+    Raises:
+        RewardError: a reward span whose ``agentbolt.reward.value`` is missing or not a reward (a string, ``None``,
+            NaN, an infinity, another type); the message names the span, its attempt and the value.
+    """
+    checked: list[Span] = []
+    for span in spans:
+        if is_reward_span(span):
+            where = (
+                f"reward span {span.span_id!r} of attempt {span.attempt_id} of rollout {span.rollout_id} "
+                f"(attribute {semconv.REWARD_VALUE})"
+            )
+            raw = span.attributes.get(semconv.REWARD_VALUE)
+            value = coerce_reward(raw, where=where)
+            if type(raw) is not float:  # true, 1, a NumPy scalar: stored as the float they stand for
+                span = span.model_copy(update={"attributes": {**span.attributes, semconv.REWARD_VALUE: value}})
+        checked.append(span)
+    return checked
+
+
+def check_span_target(span: Span, attempt_status: AttemptStatus) -> None:
+    """Refuse a reward span for an attempt that has ended (the "no late rewards" rule in the module docstring);
+    every other span may be stored.
+
+    Raises:
+        ConflictError: ``span`` is a reward span and ``attempt_status`` is terminal; the message names the span, the
+            attempt, its status and what to do instead.
+    """
+    if attempt_status in ACTIVE_ATTEMPT_STATUSES or not is_reward_span(span):
+        return
+    raise ConflictError(
+        f"reward span {span.span_id!r} of attempt {span.attempt_id} of rollout {span.rollout_id} arrived after the "
+        f"attempt ended ('{AttemptStatus(attempt_status).value}'); a reward of an ended attempt is refused so that a "
+        "result already read never changes: emit rewards before the agent returns, or send final_reward with the "
+        "status call that ends the attempt"
+    )

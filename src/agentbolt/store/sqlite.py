@@ -32,6 +32,7 @@ from agentbolt.store import sqlite_schema as schema
 from agentbolt.store.base import EnqueueRequest, StoreCapabilities
 from agentbolt.store.search import ResourceRewardStats, RolloutSearch
 from agentbolt.store.sqlite_inline import InlineBusy, InlineRunner, LockedElsewhere, is_lock_error
+from agentbolt.store.sqlite_lock import StoreFileLock
 from agentbolt.store.sqlite_writer import GroupCommitThread
 from agentbolt.types import (
     Attempt,
@@ -75,7 +76,9 @@ class SqliteLightningStore:
     """A durable :class:`~agentbolt.store.base.LightningStore` in one SQLite file, shareable by processes.
 
     Args:
-        path: the database file; created (with its parent folders) if missing.
+        path: the database file; created (with its parent folders) if missing. From the first call to :meth:`close`
+            the store holds a shared lock on ``.<name>.lock`` beside it, so the file is never moved aside under it
+            (:mod:`agentbolt.store.sqlite_lock`).
         sweep_interval_s: seconds between background checks for expired leases (also checked before every claim
             and query). The background task starts on the first call and stops in :meth:`close`.
         poll_interval_s: how often :meth:`wait_for_rollouts` re-reads the file, in seconds (writes by this object
@@ -121,6 +124,7 @@ class SqliteLightningStore:
         # 2x in-process at C=1, +50-70% through the server at C=8-32). With synchronous=full every commit is an
         # fsync, so calls go to the writer thread, which commits queued calls together.
         self._inline_allowed = synchronous == "normal"
+        self._owner = StoreFileLock(self.path)  # held from the first call to close(): sqlite_lock
         self._inline = InlineRunner(functools.partial(self._open_connection, busy_timeout_s=0.0))
         self._writer = GroupCommitThread(self._open_connection, name=f"agentbolt-sqlite-{self.path.name}")
         self._terminal_epoch = 0  # bumped on the executor thread whenever a rollout becomes terminal
@@ -135,11 +139,13 @@ class SqliteLightningStore:
         statement waits for another connection's lock (default: the store's ``busy_timeout_s``).
 
         Raises:
-            ConfigError: the path is not a SQLite database, or cannot be created or opened.
+            ConfigError: the path is not a SQLite database, or cannot be created or opened, or another process is
+                moving it aside (:mod:`agentbolt.store.sqlite_lock`).
         """
         timeout = self.busy_timeout_s if busy_timeout_s is None else busy_timeout_s
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._owner.acquire()  # others see the file is open (agentbolt train --overwrite refuses to move it)
             conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA schema_version").fetchone()  # reads the header: "not a database" shows here
         except (OSError, sqlite3.DatabaseError) as exc:
@@ -505,24 +511,30 @@ class SqliteLightningStore:
 
     async def add_spans(self, spans: Sequence[Span]) -> list[Span]:
         """Store spans all or nothing, in order, in one transaction. Raises NotFoundError, ConfigError (attributes
-        not JSON-serializable)."""
-        return await self._run(self._add_spans, list(spans))
+        not JSON-serializable), RewardError (a reward span whose value is not a reward), ConflictError (a reward span
+        of an ended attempt)."""
+        return await self._run(self._add_spans, rules.check_reward_spans(spans))
 
     def _add_spans(self, conn: sqlite3.Connection, spans: list[Span]) -> list[Span]:
         now = time.time()
         stored: list[Span] = []
         next_seq: dict[tuple[str, str], int] = {}
+        status_of: dict[tuple[str, str], AttemptStatus] = {}
         with schema.transaction(conn, write=True):
             for span in spans:
                 key = (span.rollout_id, span.attempt_id)
                 seq = next_seq.get(key)
-                if seq is None:
+                if seq is not None:
+                    rules.check_span_target(span, status_of[key])
+                else:
                     row = conn.execute(_SPAN_TARGET, key).fetchone()
                     if row is None:
                         schema.get_attempt(conn, *key)  # raises NotFoundError naming what is missing
                         raise AssertionError("unreachable: the attempt exists but was not found")
                     status, last_heartbeat, unresponsive_s, last_seq = row
-                    if rules.span_refreshes_heartbeat(AttemptStatus(status), last_heartbeat, unresponsive_s, now):
+                    status_of[key] = AttemptStatus(status)
+                    rules.check_span_target(span, status_of[key])
+                    if rules.span_refreshes_heartbeat(status_of[key], last_heartbeat, unresponsive_s, now):
                         conn.execute("UPDATE attempts SET last_heartbeat_time = ? WHERE attempt_id = ?", (now, key[1]))
                     seq = last_seq + 1
                 next_seq[key] = seq + 1
@@ -663,4 +675,5 @@ class SqliteLightningStore:
 
         self._inline.close()
         await asyncio.to_thread(self._writer.stop)
+        self._owner.release()
         self._wake_waiters()

@@ -14,7 +14,6 @@ with a warning.
 from __future__ import annotations
 
 import logging
-import math
 import traceback
 from collections.abc import Mapping
 
@@ -26,6 +25,7 @@ from agentbolt.errors import ConfigError
 from agentbolt.tracing.context import current_attempt
 from agentbolt.tracing.serialize import DEFAULT_LIMITS, JsonLimits, to_json_text
 from agentbolt.types import Span
+from agentbolt.types.rewards import coerce_reward
 
 logger = logging.getLogger(__name__)
 _warned_outside: set[str] = set()
@@ -66,7 +66,8 @@ def emit_reward(value: float, name: str | None = None, *, attributes: Attributes
     attempt's final reward is its last *unnamed* one, unless the agent function returns a number, which wins.
 
     Args:
-        value: a finite number (bool and int are accepted and converted to float).
+        value: a finite number; a bool is 1.0 or 0.0. Strings (``"1"`` too), ``None``, NaN and infinities are
+            refused: the one reward rule of :mod:`agentbolt.types.rewards`, the same on every path.
         name: optional name of the reward; ``None`` for the final reward.
         attributes: extra span attributes.
 
@@ -74,14 +75,10 @@ def emit_reward(value: float, name: str | None = None, *, attributes: Attributes
         The recorded span, or ``None`` when called outside an attempt.
 
     Raises:
-        ConfigError: ``value`` is not a finite number, or ``name`` is not a non-empty string.
+        RewardError: ``value`` is not a reward (the message names it and its type); a ``ConfigError``.
+        ConfigError: ``name`` is not a non-empty string.
     """
-    try:
-        reward = float(value)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"emit_reward needs a number, got {value!r} ({type(value).__name__})") from exc
-    if not math.isfinite(reward):
-        raise ConfigError(f"emit_reward needs a finite number, got {reward}")
+    reward = coerce_reward(value, where="emit_reward")
     if name is not None and (not isinstance(name, str) or not name):
         raise ConfigError(f"emit_reward's name must be a non-empty string or None, got {name!r}")
     attrs: dict[str, AttributeValue] = {semconv.REWARD_VALUE: reward}

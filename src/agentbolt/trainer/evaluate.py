@@ -172,7 +172,11 @@ async def run_eval(
         evaluator = StoreEvaluator(
             serving.store,
             reward_name=config.reward_name,
-            rollout_config=RolloutConfig(max_attempts=config.max_attempts, timeout_seconds=config.rollout_timeout_s),
+            rollout_config=RolloutConfig(
+                max_attempts=config.max_attempts,
+                timeout_seconds=config.rollout_timeout_s,
+                unresponsive_seconds=config.rollout_unresponsive_s,
+            ),
             metadata={"eval_of": resources_id},
             on_finished=lambda count: progress.advance(bar, count),
         )

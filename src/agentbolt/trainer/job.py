@@ -30,8 +30,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from agentbolt.errors import ConfigError
-from agentbolt.trainer.job_config import RUN_PURPOSE, TrainConfig, check_device, load_tasks_module
+from agentbolt.trainer.job_config import (
+    RUN_PURPOSE,
+    TrainConfig,
+    check_device,
+    check_tasks,
+    load_task_sets,
+    load_tasks_module,
+)
 from agentbolt.trainer.plots import plot_reward_curve
+from agentbolt.trainer.step_report import FailureWatch, NothingToTrain, skipped_update_reason, step_line
 
 if TYPE_CHECKING:
     from agentbolt.trainer.checkpoint import CheckpointInfo
@@ -95,6 +103,10 @@ def step_row(result: StepResult) -> dict[str, Any]:
         "kept_by_agent": result.kept_by_agent,
         "dropped_by_agent": result.dropped_by_agent,
         "n_unmatched": result.n_unmatched,
+        "causes": result.causes,
+        "n_truncated": result.n_truncated,
+        "n_calls": result.n_calls,
+        "update_skipped": skipped_update_reason(result),
     }
 
 
@@ -103,14 +115,19 @@ def _check_resume(config: TrainConfig) -> tuple[Path, CheckpointInfo | None]:
     so it restarts at step 1 on the same store); partial checkpoint folders are deleted.
 
     Raises:
-        ConfigError: ``out_dir`` holds no store (nothing to resume), the checkpoint was trained from another model, or
-            the run is finished (its last step is checkpointed and evaluated: only more steps would continue it).
+        ConfigError: ``out_dir`` holds no store (nothing to resume), another process has the store open (e.g. an
+            ``agentbolt serve`` on it: the job's store is the job's alone), the checkpoint was trained from another
+            model, or the run is finished (its last step is checkpointed and evaluated: only more steps would
+            continue it).
     """
+    from agentbolt.store.sqlite_lock import exclusive_store
     from agentbolt.trainer.checkpoint import latest_checkpoint, remove_partial
 
     db_path = config.out_dir / "store.db"
     if not db_path.is_file():
         raise ConfigError(f"nothing to resume in {config.out_dir}: it has no store.db; run without --resume")
+    with exclusive_store(db_path, action="--resume would cancel that process's rollouts and share the store with it"):
+        pass  # only a check: the job opens the store itself below
     remove_partial(config.out_dir)
     info = latest_checkpoint(config.out_dir)
     if info is not None and info.model != config.model:
@@ -138,10 +155,16 @@ async def run_training(
     store: rollouts a killed run left unfinished are cancelled, the adapter, optimizer and loop state are loaded, and
     steps go on from the checkpoint's step + 1 (the summary and curves hold every step once).
 
+    With ``overwrite`` the previous run's files are moved into ``out_dir/.overwritten-<time>/``, never deleted. A
+    fresh run that fails (an error, not a stop by a signal) before any rollout ended removes the store it created,
+    so the same command can be rerun.
+
     Raises:
-        ConfigError: an unknown model name, bad torch trainer settings, an existing store without ``overwrite``, the
-            tasks module not importable (the calc example outside a clone of the repository), a bad
-            ``agent_match`` pattern, or (``resume``) nothing to resume; all before anything is written.
+        ConfigError: an unknown model name, bad torch trainer settings, an existing store without ``overwrite``,
+            another process having the store open (e.g. ``agentbolt serve`` on it; the message names it), the tasks
+            module not importable (the calc example outside a clone of the repository), a task that is not a JSON
+            object (a file's message names the file and line), a bad ``agent_match`` pattern, or (``resume``)
+            nothing to resume; all before the model loads and before anything is written.
     """
     console = console or Console()
     seams = seams or JobSeams()
@@ -155,51 +178,63 @@ async def run_training(
     if not Path(config.model).is_dir():
         get_model_spec(config.model)  # an unknown name fails here, before anything is written
     check_device(config.device)
-    tasks: tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]] | None]
-    if seams.tasks is not None:
-        tasks = seams.tasks
-    else:
-        tasks_mod = load_tasks_module(config.tasks)
-        tasks = (tasks_mod.load_train_tasks(size=config.train_size), None)
-    load_agent(config.agent)  # an agent that does not import fails here, before --overwrite removes a store
+    tasks = _job_tasks(config, seams)  # every task is checked here, before the model loads and anything is written
+    load_agent(config.agent)  # an agent that does not import fails here, before --overwrite moves a store aside
     command = "agentbolt train" + (" --resume" if config.resume else "")
     with hold_out_dir(config.out_dir, command=command, create=not config.resume):
-        return await _run_job(config, console, seams, tasks, t_start)
+        resume_info: CheckpointInfo | None = None
+        if config.resume:
+            db_path, resume_info = _check_resume(config)
+        else:
+            from agentbolt.trainer.local import fresh_db_path
+
+            db_path = fresh_db_path(config.out_dir, overwrite=config.overwrite, console=console)
+        try:
+            return await _run_job(config, console, seams, tasks, t_start, db_path, resume_info)
+        except Exception:  # not a stop by Ctrl-C: that run can be resumed (the message says how), so it stays
+            if not config.resume:  # a run that failed before any rollout ended leaves nothing that blocks a rerun
+                from agentbolt.trainer.local import discard_unused_store
+
+                discard_unused_store(db_path, console)
+            raise
+
+
+def _job_tasks(config: TrainConfig, seams: JobSeams) -> TaskSets:
+    """The training tasks and validation sets of the job (the seams' or the config's), checked.
+
+    Raises:
+        ConfigError: as :func:`~agentbolt.trainer.job_config.load_task_sets`.
+    """
+    if seams.tasks is None:
+        return load_task_sets(config)
+    train, val_sets = seams.tasks
+    train = check_tasks(train, "the job's training tasks")
+    if config.val_size == 0 or not (config.eval_before or config.eval_after or config.eval_every):
+        return train, {}
+    return train, {name: check_tasks(tasks, f"validation set {name!r}") for name, tasks in val_sets.items()}
 
 
 async def _run_job(
     config: TrainConfig,
     console: Console,
     seams: JobSeams,
-    tasks: tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]] | None],
+    tasks: TaskSets,
     t_start: float,
+    db_path: Path,
+    resume_info: CheckpointInfo | None,
 ) -> dict[str, Any]:
-    """:func:`run_training` once the config is checked and ``out_dir`` is this job's: ``tasks`` holds the training
-    tasks and the validation sets (``None``: the config's tasks module loads them)."""
+    """:func:`run_training` once the config and the tasks are checked, ``out_dir`` is this job's and its store is
+    ``db_path`` (``resume_info``: the checkpoint a resume continues from)."""
     from agentbolt.trainer.checkpoint import (
         RunCheckpointer,
         cancel_unfinished,
         ensure_checkpoint_published,
         restore_missing_metrics,
     )
-    from agentbolt.trainer.local import LocalMachine, fresh_db_path, local_training, resolve_model
+    from agentbolt.trainer.local import LocalMachine, local_training, resolve_model
     from agentbolt.trainer.trackers import open_trackers
 
-    train_tasks, all_val_sets = tasks
-    resume_info: CheckpointInfo | None = None
-    if config.resume:
-        db_path, resume_info = _check_resume(config)
-    else:
-        db_path = fresh_db_path(config.out_dir, overwrite=config.overwrite)
-
-    evaluating = config.val_size != 0 and (config.eval_before or config.eval_after or config.eval_every)
-    val_sets: dict[str, list[dict[str, Any]]] = {}
-    if evaluating:
-        val_sets = (
-            all_val_sets
-            if all_val_sets is not None
-            else load_tasks_module(config.tasks).load_val_sets(n_per_set=config.val_size)
-        )
+    train_tasks, val_sets = tasks
     grpo = config.grpo
     console.print(
         f"[bold]agentbolt train[/]: model={config.model} steps={grpo.steps} "
@@ -219,15 +254,11 @@ async def _run_job(
 
         return update
 
+    watch = FailureWatch(grpo.fail_after)
+
     def report(result: StepResult) -> None:
-        stale = ""
-        if result.staleness is not None:
-            stale = f"  staleness {result.staleness.mean_staleness:.2f} dropped {result.staleness.n_dropped}"
-        progress.console.print(
-            f"step {result.train_step}: reward {result.reward_mean:.3f}±{result.reward_std:.3f}  "
-            f"waited {result.wait_s:.0f}s  update {result.update_s:.0f}s  transitions {result.n_transitions}  "
-            f"failed {result.n_failed}  infra {result.n_infra_failed}{stale}"
-        )
+        watch.add(result)
+        progress.console.print(step_line(result), markup=False, highlight=False)
 
     # What the job keeps across a resume (also in every checkpoint's job state).
     job: dict[str, Any] = {"steps": [], "val_before": {}, "eval_before_done": False, "timing_s": {}}
@@ -337,15 +368,17 @@ async def _run_job(
                 on_step_start=lambda step, total: tracker(f"step {step}: rollouts", total),
                 on_step_end=record,
                 after_step=checkpointer.after_step,
-                keep_going=seams.keep_going,
+                keep_going=lambda step: not watch.tripped and (seams.keep_going is None or seams.keep_going(step)),
             )
             timing["train"] = timing.get("train", 0.0) + time.perf_counter() - t_train
-            if results and results[-1].train_step < grpo.steps and results[-1].train_step % config.checkpoint.every:
+            if watch.tripped:
+                pass  # nothing was trained: no checkpoint, no evaluation; the summary below says why
+            elif results and results[-1].train_step < grpo.steps and results[-1].train_step % config.checkpoint.every:
                 await checkpointer.save(results[-1].train_step)  # stopped early (keep_going) between checkpoints
             last = checkpointer.written[-1] if checkpointer.written else None
             if last is None and resume_info is not None and resume_info.step >= grpo.steps:
                 last = resume_info.path  # every step was done before the stop: only the evaluation is left
-            if val_sets and config.eval_after and "val_after" not in job:
+            if val_sets and config.eval_after and "val_after" not in job and not watch.tripped:
                 t1 = time.perf_counter()
                 job["val_after"] = await trainer.evaluate(
                     val_sets, on_progress=tracker("eval after", n_val), label="after"
@@ -375,6 +408,7 @@ async def _run_job(
     summary["timing_s"]["model_setup"] = model_setup_s
     summary["weight_swaps"] = None if gate is None else dataclasses.asdict(gate.stats)
     summary["checkpoints"] = _checkpoint_rows(config.out_dir)
+    summary.update(watch.to_summary())
     if seams.summary is not None:
         seams.summary(summary)
     (config.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -385,6 +419,8 @@ async def _run_job(
         summary["val_accuracy_after"],
     )
     _print_summary(console, summary)
+    if watch.tripped:
+        raise NothingToTrain(watch.report(store=str(config.out_dir / "store.db")))
     _print_next_steps(console, config, summary)
     return summary
 

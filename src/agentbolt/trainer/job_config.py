@@ -8,6 +8,7 @@ typed :class:`~agentbolt.algorithms.rl.trainer_config.TorchTrainerConfig`.
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,8 +38,12 @@ class TrainConfig(_Config):
         model: embedded model name (``qwen2.5-0.5b`` or ``smollm2-135m``) or a prepared bf16 model directory.
         grpo: the RL settings (:class:`~agentbolt.config.GRPOConfig`: estimator, credit assignment, asynchronous
             training...).
-        tasks: the module that provides the tasks, as ``package.module``, imported from the current folder; it must
-            define ``load_train_tasks(size) -> list[dict]`` and ``load_val_sets(n_per_set) -> dict[str, list[dict]]``.
+        tasks: where the tasks come from: a module, as ``package.module``, imported from the current folder, that
+            defines ``load_train_tasks(size) -> list[dict]`` and ``load_val_sets(n_per_set) -> dict[str, list[dict]]``;
+            or a JSON Lines file (a path ending in ``.jsonl``: one JSON object per line, one task each) of training
+            tasks. Every task is loaded and checked before the model loads (:func:`load_task_sets`).
+        val_tasks: a JSON Lines file of validation tasks (one set, named after the file), used instead of the tasks
+            module's ``load_val_sets``; with a ``tasks`` file and no ``val_tasks`` there is no evaluation.
         train_size: training tasks asked of ``load_train_tasks``.
         val_size: tasks per validation set (``None``: whole set; 0: no evaluation).
         eval_before / eval_after: evaluate on the validation sets before / after training.
@@ -69,6 +74,7 @@ class TrainConfig(_Config):
     model: str = "qwen2.5-0.5b"
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     tasks: str = DEFAULT_TASKS
+    val_tasks: str | None = None
     train_size: int = Field(default=512, ge=1)
     val_size: int | None = Field(default=8, ge=0)
     eval_before: bool = True
@@ -94,6 +100,13 @@ class TrainConfig(_Config):
         from agentbolt.trainer.trackers import validate_report_to
 
         return validate_report_to(value)
+
+    @field_validator("val_tasks")
+    @classmethod
+    def _val_tasks_is_a_file(cls, value: str | None) -> str | None:
+        if value is not None and not is_tasks_file(value):
+            raise ValueError(f"val_tasks must be a JSON Lines file (a path ending in .jsonl), got {value!r}")
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -160,13 +173,145 @@ def check_device(device: str) -> None:
         )
 
 
+TASKS_FILE_SUFFIX = ".jsonl"
+"""A ``tasks`` value ending in this is a JSON Lines file of tasks, not a module name."""
+
+
+def is_tasks_file(name: str) -> bool:
+    """Whether the ``tasks`` value ``name`` names a JSON Lines file (else a module)."""
+    return name.strip().lower().endswith(TASKS_FILE_SUFFIX)
+
+
+def read_tasks_file(path: Path) -> list[dict[str, Any]]:
+    """The tasks of a JSON Lines file: one JSON object per line (blank lines skipped), in file order.
+
+    Raises:
+        ConfigError: the file is missing or unreadable, holds no task, or a line is not valid JSON or not a JSON
+            object; the message names the file and the line number (``FILE:LINE: ...``).
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"tasks file {path} does not exist (paths are relative to the current folder)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read tasks file {path}: {exc}") from None
+    tasks: list[dict[str, Any]] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise ConfigError(f"{path}:{number}: not valid JSON ({exc}); write one JSON object per line") from None
+        if not isinstance(row, dict):
+            raise ConfigError(
+                f"{path}:{number}: a task must be a JSON object, got {_kind(row)} {_clip(line)}; write one object "
+                'per line, e.g. {"question": "...", "answer": "..."}'
+            )
+        tasks.append(row)
+    if not tasks:
+        raise ConfigError(f"tasks file {path} holds no task; write one JSON object per line")
+    return tasks
+
+
+def check_tasks(tasks: Any, source: str) -> list[dict[str, Any]]:
+    """``tasks`` as a list, once every item is checked to be a task: a mapping with string keys that can be stored
+    as JSON.
+
+    Args:
+        tasks: what a tasks module returned.
+        source: where it came from, for the message (e.g. ``tasks module 'my.tasks' load_train_tasks()``).
+
+    Raises:
+        ConfigError: ``tasks`` is not a list (or tuple), or an item is not such a mapping; the message names
+            ``source`` and the item's index.
+    """
+    from pydantic_core import PydanticSerializationError, to_json
+
+    if not isinstance(tasks, list | tuple):
+        raise ConfigError(f"{source} returned {_kind(tasks)}, not a list of tasks (dicts)")
+    for index, task in enumerate(tasks):
+        if not isinstance(task, dict) or not all(isinstance(key, str) for key in task):
+            raise ConfigError(
+                f"{source}: item {index} is {_kind(task)} {_clip(repr(task))}, not a task; each task must be a dict "
+                "with string keys (a JSON object)"
+            )
+        try:
+            to_json(task)
+        except PydanticSerializationError as exc:
+            raise ConfigError(f"{source}: item {index} cannot be stored as JSON ({exc})") from None
+    return list(tasks)
+
+
+def _kind(value: Any) -> str:
+    """``a str``, ``an int``, ``null``... for a message."""
+    if value is None:
+        return "null"
+    name = {"str": "string", "dict": "object", "list": "list"}.get(type(value).__name__, type(value).__name__)
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def _clip(text: str, limit: int = 60) -> str:
+    text = text.strip()
+    return f"({text})" if len(text) <= limit else f"({text[:limit]}...)"
+
+
+class TasksFile:
+    """A JSON Lines tasks file behind the interface of a tasks module (``load_train_tasks`` / ``load_val_sets``), so
+    every command that reads a config's ``tasks`` takes a file too. It has no validation sets of its own."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.tasks = read_tasks_file(path)
+
+    def load_train_tasks(self, size: int | None = None) -> list[dict[str, Any]]:
+        """The first ``size`` tasks of the file (``None``: all)."""
+        return list(self.tasks if size is None else self.tasks[:size])
+
+    def load_val_sets(self, n_per_set: int | None = None) -> dict[str, list[dict[str, Any]]]:
+        """No validation sets: give them with ``val_tasks``."""
+        return {}
+
+
+def load_task_sets(config: TrainConfig) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
+    """The training tasks (``train_size`` of them) and the validation sets (``val_size`` tasks each; none when the
+    job evaluates nothing) of ``config``, every task checked, so a bad one stops the job before the model loads.
+
+    Raises:
+        ConfigError: as :func:`load_tasks_module` and :func:`read_tasks_file` (file and line number), or a task the
+            module returned is not a dict (:func:`check_tasks`: module, function and index), or there is no
+            training task.
+    """
+    module = load_tasks_module(config.tasks)
+    source = config.tasks if is_tasks_file(config.tasks) else f"tasks module {config.tasks!r}"
+    train = check_tasks(module.load_train_tasks(size=config.train_size), f"{source} load_train_tasks()")
+    if not train:
+        raise ConfigError(f"{source} gave no training task (train_size={config.train_size})")
+    val_sets: dict[str, list[dict[str, Any]]] = {}
+    if config.val_size != 0 and (config.eval_before or config.eval_after or config.eval_every):
+        if config.val_tasks is not None:
+            path = Path(config.val_tasks)
+            val_sets = {path.stem: read_tasks_file(path)[: config.val_size]}
+        else:
+            found = module.load_val_sets(n_per_set=config.val_size)
+            if not isinstance(found, dict):
+                raise ConfigError(f"{source} load_val_sets() returned {_kind(found)}, not a dict of set name -> tasks")
+            val_sets = {
+                str(name): check_tasks(tasks, f"{source} load_val_sets() set {name!r}") for name, tasks in found.items()
+            }
+    return train, val_sets
+
+
 def load_tasks_module(name: str) -> Any:
-    """Import the tasks module ``name`` (the current folder first on ``sys.path``) and check its two functions.
+    """Import the tasks module ``name`` (the current folder first on ``sys.path``) and check its two functions; a
+    ``name`` ending in ``.jsonl`` is read as a :class:`TasksFile` instead.
 
     Raises:
         ConfigError: it cannot be imported (e.g. the calc example outside a clone of the repository) or lacks
-            ``load_train_tasks`` / ``load_val_sets``.
+            ``load_train_tasks`` / ``load_val_sets``; or, for a file, as :func:`read_tasks_file`.
     """
+    if is_tasks_file(name):
+        return TasksFile(Path(name.strip()))
     if str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from agentbolt.server.gateway.swap import WeightSwapGate
     from agentbolt.store.sqlite import SqliteLightningStore
     from agentbolt.trainer.loop import RLTrainer
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -146,22 +149,38 @@ def resolve_model(model: str | Path) -> Path:
     return prepare_model(str(model))
 
 
-def fresh_db_path(out_dir: Path, *, overwrite: bool, resumable: bool = True) -> Path:
-    """``out_dir/store.db``, creating ``out_dir``. With ``overwrite`` an existing store (and its WAL files) and the
-    run's checkpoints (``out_dir/checkpoints``) are deleted. A store that holds no rollout (a run that stopped before
-    its first rollout) is replaced without ``overwrite``: it blocks nothing.
+STORE_FILES = ("store.db", "store.db-wal", "store.db-shm")
+"""A job's store file and SQLite's write-ahead log and shared-memory files beside it (moved together)."""
+
+RUN_FILES = ("checkpoints", "summary.json", "reward_curve.png")
+"""What a job writes besides its store that ``--overwrite`` moves aside with it."""
+
+DATA_TABLES = ("rollouts", "attempts", "spans", "resources", "metrics", "trained_samples")
+"""The store tables that hold records (a store whose tables are all empty holds nothing to keep)."""
+
+
+def fresh_db_path(out_dir: Path, *, overwrite: bool, resumable: bool = True, console: Console | None = None) -> Path:
+    """``out_dir/store.db`` for a new run, creating ``out_dir``; nothing there is ever deleted that holds a record.
+
+    With ``overwrite``, an existing store (with its WAL files) and the previous run's checkpoints, ``summary.json``
+    and ``reward_curve.png`` are moved into ``out_dir/.overwritten-<time>/`` (the console says where). A store that
+    holds no rollout (a run that stopped before its first rollout) blocks nothing: it is moved aside without
+    ``overwrite``, or removed when it holds no record at all. All of this happens only while no other process has
+    the store open (:mod:`agentbolt.store.sqlite_lock`): an ``agentbolt serve`` on it would go on acknowledging
+    writes into a file that is no longer there.
 
     Args:
         out_dir: the job's output directory.
-        overwrite: replace what is there.
+        overwrite: move aside what is there.
         resumable: the job can continue a stopped run (``train``): the refusal names ``--resume`` too.
+        console: where the move is reported (default: a new stdout console).
 
     Raises:
-        ConfigError: the store holds rollouts, or checkpoints exist, and ``overwrite`` is false (the message names
-            ``--overwrite``, and ``--resume`` for a resumable job), or ``out_dir`` is a file or cannot be created.
+        ConfigError: another process has the store open (the message names it); the store holds rollouts, or
+            checkpoints exist, and ``overwrite`` is false (the message names ``--overwrite``, and ``--resume`` for a
+            resumable job); ``out_dir`` is a file or cannot be created; or a file cannot be moved aside.
     """
-    import shutil
-
+    from agentbolt.store.sqlite_lock import exclusive_store
     from agentbolt.trainer.checkpoint import checkpoints_dir
 
     if out_dir.exists() and not out_dir.is_dir():
@@ -172,32 +191,109 @@ def fresh_db_path(out_dir: Path, *, overwrite: bool, resumable: bool = True) -> 
         raise ConfigError(f"cannot create the output directory {out_dir}: {exc}") from exc
     db = out_dir / "store.db"
     checkpoints = checkpoints_dir(out_dir)
-    if (db.exists() and not _holds_no_rollout(db)) or checkpoints.exists():
-        if not overwrite:
+    action = "--overwrite would move it aside" if overwrite else "this job would replace it"
+    with exclusive_store(db, action=action):
+        blocking = (db.exists() and _count_rows(db, ("rollouts",)) != 0) or checkpoints.exists()
+        if blocking and not overwrite:
             what = db if db.exists() else checkpoints
             resume = "pass --resume to continue that run, " if resumable else "pass "
             raise ConfigError(f"{what} already exists; {resume}--overwrite to replace it, or choose another --out")
-        shutil.rmtree(checkpoints, ignore_errors=True)
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{db}{suffix}").unlink(missing_ok=True)
+        if db.exists() and not blocking and _count_rows(db, DATA_TABLES) == 0:
+            for name in STORE_FILES:  # a store that holds no record at all: nothing to keep
+                (out_dir / name).unlink(missing_ok=True)
+        names = STORE_FILES + RUN_FILES if overwrite else STORE_FILES
+        moved = _move_aside(out_dir, [name for name in names if (out_dir / name).exists()])
+    if moved is not None:
+        (console or Console(soft_wrap=True)).print(
+            f"moved the previous run's files ({', '.join(sorted({p.name for p in moved.iterdir()}))}) to {moved}; "
+            "delete that folder when you no longer need them"
+        )
     return db
 
 
-def _holds_no_rollout(db: Path) -> bool:
-    """Whether the SQLite store ``db`` has no rollout (or no tables yet); ``False`` for a file that is not one."""
+def _move_aside(out_dir: Path, names: list[str]) -> Path | None:
+    """Move ``out_dir/<name>`` for each name into a new ``out_dir/.overwritten-<time>/``; return it (``None`` when
+    ``names`` is empty).
+
+    Raises:
+        ConfigError: a file cannot be moved (the message names it).
+    """
+    import datetime
+
+    if not names:
+        return None
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    target = out_dir / f".overwritten-{stamp}"
+    n = 1
+    while target.exists():
+        n += 1
+        target = out_dir / f".overwritten-{stamp}-{n}"
+    try:
+        target.mkdir()
+        for name in names:  # the store's files first: a store is never left apart from its WAL
+            (out_dir / name).rename(target / name)
+    except OSError as exc:
+        raise ConfigError(f"cannot move the previous run's files into {target}: {exc}; move or remove them") from exc
+    return target
+
+
+def _count_rows(db: Path, tables: tuple[str, ...]) -> int | None:
+    """Rows in those of ``tables`` that the SQLite file ``db`` has (0 for a file without them); ``None`` for a file
+    that is not a SQLite database (counted as holding something)."""
     import sqlite3
 
     try:
         conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
         try:
-            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            if "rollouts" not in tables:
-                return True
-            return conn.execute("SELECT COUNT(*) FROM rollouts").fetchone()[0] == 0
+            present = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            return sum(conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in tables if t in present)
         finally:
             conn.close()
     except sqlite3.DatabaseError:
+        return None
+
+
+def discard_unused_store(db: Path, console: Console | None = None) -> bool:
+    """Remove the store file ``db`` (and its WAL files) of a run that failed before its first rollout ended, so a
+    plain rerun is not blocked by it; return whether it was removed.
+
+    It is kept when a rollout ended in it (succeeded or failed), when it is not a SQLite store, or when another
+    process has it open. Never raises for these: the caller is already failing with its own error.
+    """
+    from agentbolt.store.sqlite_lock import exclusive_store
+
+    if not db.exists():
         return False
+    try:
+        with exclusive_store(db, action="it is kept"):
+            if _count_rows(db, ("rollouts",)) is None or _ended_rollouts(db) != 0:
+                return False
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{db}{suffix}").unlink(missing_ok=True)
+    except (ConfigError, OSError) as exc:
+        logger.debug("kept %s: %s", db, exc)
+        return False
+    (console or Console(soft_wrap=True)).print(
+        f"removed {db}: the run stopped before any rollout ended, so it held no result"
+    )
+    return True
+
+
+def _ended_rollouts(db: Path) -> int:
+    """Rollouts of ``db`` that ended with a result (``succeeded`` or ``failed``)."""
+    import sqlite3
+
+    from agentbolt.types import RolloutStatus
+
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        present = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "rollouts" not in present:
+            return 0
+        ended = (RolloutStatus.SUCCEEDED.value, RolloutStatus.FAILED.value)
+        return conn.execute("SELECT COUNT(*) FROM rollouts WHERE status IN (?, ?)", ended).fetchone()[0]
+    finally:
+        conn.close()
 
 
 def load_embedded(

@@ -138,6 +138,9 @@ class StepResult:
         wait_s: wall seconds the trainer waited for the step's rollouts (``rollout_s`` counts from their enqueue,
             which under asynchronous training is during an earlier step).
         staleness: what the staleness bound did (asynchronous training only; ``None`` otherwise).
+        causes / cause_details: rollouts not trained (failed and infrastructure) by cause
+            (:mod:`agentbolt.adapter.causes`), and the first detail seen per cause.
+        n_truncated / n_calls: trained calls cut at ``max_tokens``, and all trained calls.
     """
 
     train_step: int
@@ -158,6 +161,10 @@ class StepResult:
     tokens_merged: int = 0
     wait_s: float = 0.0
     staleness: StalenessReport | None = None
+    causes: dict[str, int] = field(default_factory=dict)
+    cause_details: dict[str, str] = field(default_factory=dict)
+    n_truncated: int = 0
+    n_calls: int = 0
 
     @property
     def n_infra_failed(self) -> int:
@@ -365,7 +372,11 @@ class RLTrainer:
     ) -> list[str]:
         """Enqueue every task ``repeats`` times under ``resources_id`` with the run's attempt settings; return the
         rollout ids (metadata: the task's ``task_id``, or its index, and ``metadata``)."""
-        cfg = RolloutConfig(max_attempts=self.config.max_attempts, timeout_seconds=self.config.rollout_timeout_s)
+        cfg = RolloutConfig(
+            max_attempts=self.config.max_attempts,
+            timeout_seconds=self.config.rollout_timeout_s,
+            unresponsive_seconds=self.config.rollout_unresponsive_s,
+        )
         requests = [
             EnqueueRequest(
                 input=task,
@@ -526,6 +537,10 @@ class RLTrainer:
             tokens_merged=batch.step_batch.batch.tokens_merged,
             wait_s=wait_s,
             staleness=batch.step_batch.staleness,
+            causes=selection.causes,
+            cause_details=selection.cause_details,
+            n_truncated=selection.n_truncated,
+            n_calls=selection.n_calls,
         )
         if self.agent_match is not None:
             logger.info(

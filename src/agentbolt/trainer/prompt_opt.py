@@ -40,7 +40,7 @@ from agentbolt.algorithms.apo.config import APOConfig, GEPAConfig
 from agentbolt.algorithms.apo.optimizer_llm import OptimizerLLMConfig
 from agentbolt.config import _Config
 from agentbolt.errors import ConfigError
-from agentbolt.types import LLM
+from agentbolt.types import DEFAULT_UNRESPONSIVE_S, LLM
 
 if TYPE_CHECKING:
     from agentbolt.algorithms.apo.templates import TemplateSet
@@ -80,7 +80,8 @@ class PromptOptConfig(_Config):
         eval_test: score the seed and the best candidate on ``load_test_tasks()`` at the end.
         agent_temperature / agent_max_tokens: sampling of the agent's LLM calls (the ``llm`` resource).
         reward_name: which reward is the score (``None``: the final, unnamed one).
-        max_attempts / rollout_timeout_s: per rollout; infrastructure failures are retried by the store.
+        max_attempts / rollout_timeout_s / rollout_unresponsive_s: per rollout (as in ``GRPOConfig``);
+            infrastructure failures are retried by the store.
         runner_processes / runner_concurrency / max_batch_size / batch_wait_s / device: as in ``TrainConfig``.
         overwrite: replace an existing ``store.db`` in ``out_dir``.
     """
@@ -105,6 +106,7 @@ class PromptOptConfig(_Config):
     reward_name: str | None = None
     max_attempts: int = Field(default=2, ge=1)
     rollout_timeout_s: float = Field(default=600.0, gt=0)
+    rollout_unresponsive_s: float = Field(default=DEFAULT_UNRESPONSIVE_S, gt=0)
     runner_processes: int = Field(default=2, ge=1)
     runner_concurrency: int = Field(default=8, ge=1)
     max_batch_size: int = Field(default=16, ge=1)
@@ -316,7 +318,11 @@ async def _optimize(
         evaluator = StoreEvaluator(
             serving.store,
             reward_name=config.reward_name,
-            rollout_config=RolloutConfig(max_attempts=config.max_attempts, timeout_seconds=config.rollout_timeout_s),
+            rollout_config=RolloutConfig(
+                max_attempts=config.max_attempts,
+                timeout_seconds=config.rollout_timeout_s,
+                unresponsive_seconds=config.rollout_unresponsive_s,
+            ),
             metadata={"algorithm": config.algorithm},
             on_enqueued=enqueued,
             on_finished=lambda count: progress.advance(rollout_bar, count),

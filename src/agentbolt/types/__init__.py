@@ -1,6 +1,7 @@
 """Pydantic models of agentbolt's vocabulary (DESIGN.md). No I/O happens here."""
 
 from agentbolt.types.core import (
+    DEFAULT_UNRESPONSIVE_S,
     TERMINAL_ATTEMPT_STATUSES,
     TERMINAL_ROLLOUT_STATUSES,
     Attempt,
@@ -18,6 +19,7 @@ from agentbolt.types.spans import Span, SpanStatus
 from agentbolt.types.training import TrainedCall, TrainedSample, Trajectory, TrajectoryFlag, Transition
 
 __all__ = [
+    "DEFAULT_UNRESPONSIVE_S",
     "LLM",
     "TERMINAL_ATTEMPT_STATUSES",
     "TERMINAL_ROLLOUT_STATUSES",

@@ -6,10 +6,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentbolt.types.bounds import INT64_MAX
 from agentbolt.types.core import AttemptStatus, Metric, RolloutConfig, RolloutMode
 from agentbolt.types.resources import Resource
+from agentbolt.types.rewards import OptionalReward
 from agentbolt.types.spans import Span
 from agentbolt.types.training import TrainedSample
+
+MAX_CLAIM_BATCH = 10_000
+"""Most rollouts one ``POST /v1/claims/batch`` may ask for (as many as one page of ``GET /v1/rollouts``)."""
 
 
 class _Body(BaseModel):
@@ -42,7 +47,7 @@ class ClaimManyBody(_Body):
     """``POST /v1/claims/batch``: lease up to ``n`` queued rollouts to ``worker_id`` (the store checks ``n >= 1``)."""
 
     worker_id: str = Field(min_length=1)
-    n: int
+    n: int = Field(le=MAX_CLAIM_BATCH)
 
 
 class AttemptStatusBody(_Body):
@@ -50,7 +55,7 @@ class AttemptStatusBody(_Body):
 
     status: AttemptStatus
     error: dict[str, Any] | None = None
-    final_reward: float | None = None
+    final_reward: OptionalReward = None  # the reward rule (agentbolt.types.rewards): "1", NaN... are a 422
 
 
 class WaitBody(_Body):
@@ -89,7 +94,7 @@ class MetricsBody(_Body):
 class TrainedSamplesBody(_Body):
     """``POST /v1/trained-samples``: the samples one training step's update received (replacing any stored for it)."""
 
-    train_step: int = Field(ge=0)
+    train_step: int = Field(ge=0, le=INT64_MAX)
     samples: list[TrainedSample]
 
 

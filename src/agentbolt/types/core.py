@@ -11,6 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentbolt.types.bounds import INT64_MAX, INT64_MIN
+
 
 class RolloutMode(StrEnum):
     """What a rollout is for. ``train`` rollouts feed the algorithm; ``val``/``test`` are only scored."""
@@ -55,13 +57,22 @@ TERMINAL_ATTEMPT_STATUSES: frozenset[AttemptStatus] = frozenset(
 )
 
 
+DEFAULT_UNRESPONSIVE_S: float = 30.0
+"""The lease of an attempt when its rollout's config does not set one: seconds without a heartbeat, span or gateway
+call after which it is ``unresponsive``."""
+
+
 class RolloutConfig(BaseModel):
     """Retry and lease settings of one rollout.
 
     Attributes:
         max_attempts: how many attempts may be made in total (>= 1).
-        timeout_seconds: wall-clock limit of one attempt, from claim to end; ``None`` means no limit.
-        unresponsive_seconds: an attempt with no heartbeat or span for this long is ``unresponsive``.
+        timeout_seconds: wall-clock limit of one attempt, from claim to end; ``None`` means no limit. The runner
+            stops its agent at this limit and reports ``timeout``; the store expires the attempt too.
+        unresponsive_seconds: an attempt with no heartbeat or span for this long is ``unresponsive`` (its lease;
+            runners beat every 2 s, and the gateway refreshes it while it serves the attempt's calls). Default
+            :data:`DEFAULT_UNRESPONSIVE_S`, so the rollout of a runner that died ends (or is retried) within
+            seconds; ``None`` (given explicitly) means no lease.
         retry_on: attempt end states that trigger a retry while attempts remain.
     """
 
@@ -69,7 +80,7 @@ class RolloutConfig(BaseModel):
 
     max_attempts: int = Field(default=1, ge=1)
     timeout_seconds: float | None = Field(default=None, gt=0)
-    unresponsive_seconds: float | None = Field(default=None, gt=0)
+    unresponsive_seconds: float | None = Field(default=DEFAULT_UNRESPONSIVE_S, gt=0)
     retry_on: tuple[AttemptStatus, ...] = (AttemptStatus.TIMEOUT, AttemptStatus.UNRESPONSIVE)
 
 
@@ -151,6 +162,6 @@ class Metric(BaseModel):
     """One point of a training curve: ``name`` at ``train_step`` has ``value`` (unit in the name, e.g. ``_s``)."""
 
     name: str
-    train_step: int
+    train_step: int = Field(ge=INT64_MIN, le=INT64_MAX)
     value: float = Field(allow_inf_nan=False)
-    time: float
+    time: float = Field(allow_inf_nan=False)

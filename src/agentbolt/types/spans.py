@@ -10,6 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from agentbolt.types.bounds import INT64_MAX
+
 
 class SpanStatus(BaseModel):
     """OpenTelemetry span status: ``UNSET``, ``OK`` or ``ERROR`` with an optional description."""
@@ -33,12 +35,12 @@ class Span(BaseModel):
 
     rollout_id: str
     attempt_id: str
-    sequence_id: int = 0
+    sequence_id: int = Field(default=0, ge=0, le=INT64_MAX)
     span_id: str
     trace_id: str
     parent_id: str | None = None
     name: str
-    start_time: float
-    end_time: float | None = None
+    start_time: float = Field(allow_inf_nan=False)
+    end_time: float | None = Field(default=None, allow_inf_nan=False)
     attributes: dict[str, Any] = Field(default_factory=dict)
     status: SpanStatus = Field(default_factory=SpanStatus)

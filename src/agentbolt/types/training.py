@@ -13,6 +13,8 @@ from typing import Any, Final
 
 from pydantic import BaseModel, Field, model_validator
 
+from agentbolt.types.bounds import INT32_MAX, INT64_MAX
+
 # Keys of ``Transition.metadata`` that the adapter sets (:mod:`agentbolt.adapter.signals`) and credit assignment
 # reads (:mod:`agentbolt.adapter.credit`). A missing key means "no such signal".
 REWARDS_ATTACHED: Final = "rewards"
@@ -127,10 +129,10 @@ class TrainedCall(BaseModel):
     """
 
     span_id: str
-    response_start: int = Field(ge=1)
-    response_end: int = Field(ge=1)
+    response_start: int = Field(ge=1, le=INT32_MAX)
+    response_end: int = Field(ge=1, le=INT32_MAX)
     reward: float | None = Field(default=None, allow_inf_nan=False)
-    staleness: int | None = Field(default=None, ge=0)
+    staleness: int | None = Field(default=None, ge=0, le=INT64_MAX)
     staleness_weight: float = Field(default=1.0, ge=0, le=1)
 
     @model_validator(mode="after")
@@ -165,8 +167,8 @@ class TrainedSample(BaseModel):
         advantage_estimator / credit_assignment: the trainer's settings that produced ``advantage``.
     """
 
-    train_step: int = Field(ge=0)
-    sample_index: int = Field(ge=0)
+    train_step: int = Field(ge=0, le=INT64_MAX)
+    sample_index: int = Field(ge=0, le=INT32_MAX)
     rollout_id: str
     attempt_id: str
     calls: list[TrainedCall] = Field(min_length=1)
@@ -174,7 +176,7 @@ class TrainedSample(BaseModel):
     advantage: float = Field(allow_inf_nan=False)
     token_advantages: list[float] | None = None
     token_returns: list[float] | None = None
-    sampling_temperature: float = Field(default=1.0, gt=0)
+    sampling_temperature: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     trained: bool = True
     advantage_estimator: str
     credit_assignment: str

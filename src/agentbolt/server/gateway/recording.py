@@ -11,12 +11,20 @@ model asked for, temperature), ``agentbolt.llm.choice_index`` and ``agentbolt.ll
 
 The adapter (:mod:`agentbolt.adapter.trajectory`) skips ERROR spans and spans with ``trainable = False``, so
 failures and untrainable calls never become training samples.
+
+While a call is served, the recorder keeps its attempt's lease alive (:meth:`CallRecorder.keepalive`): an agent
+waiting on a long generation is not taken for dead, whoever runs it (a runner, or a client that claimed the rollout
+over REST and sends no heartbeats).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import time
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Any, Final
 
 from agentbolt import semconv
 from agentbolt.inference.base import GenerationResult
@@ -24,6 +32,14 @@ from agentbolt.server.gateway.openai_format import ErrorInfo
 from agentbolt.store.base import LightningStore
 from agentbolt.tracing.context import new_span_id, new_trace_id
 from agentbolt.types import Span, SpanStatus
+
+logger = logging.getLogger(__name__)
+
+KEEPALIVE_INTERVAL_S: Final = 2.0
+"""How often a call in progress refreshes its attempt's heartbeat (seconds; the runners' own period)."""
+
+GATEWAY_WORKER_ID: Final = "gateway"
+"""The worker a keepalive names when the attempt has none."""
 
 REASON_NO_TOKEN_IDS = "the backend returns no token ids (openai backend): usable for prompt optimization and evaluation"
 REASON_CLIENT_GONE = "the client disconnected mid-stream: it never received the whole answer"
@@ -41,6 +57,7 @@ class CallRecorder:
         response_id: the ``chatcmpl-...`` id returned to the client.
         parent: ``(trace_id, span_id)`` of the caller's span, from the request's ``traceparent`` header: the spans
             join that trace as its children. ``None``: a new trace per request, no parent.
+        worker_id: the worker that claimed the attempt (named by :meth:`keepalive`'s heartbeats).
     """
 
     def __init__(
@@ -51,8 +68,10 @@ class CallRecorder:
         request_attributes: dict[str, Any],
         response_id: str,
         parent: tuple[str, str] | None = None,
+        worker_id: str | None = None,
     ) -> None:
         self.store = store
+        self.worker_id = worker_id or GATEWAY_WORKER_ID
         self.rollout_id = rollout_id
         self.attempt_id = attempt_id
         self.response_id = response_id
@@ -60,6 +79,27 @@ class CallRecorder:
         self._request_attributes = {**request_attributes, semconv.GEN_AI_RESPONSE_ID: response_id}
         self._trace_id = parent[0] if parent is not None else new_trace_id()
         self._parent_id = parent[1] if parent is not None else None
+
+    @contextlib.asynccontextmanager
+    async def keepalive(self) -> AsyncIterator[None]:
+        """Refresh the attempt's heartbeat every :data:`KEEPALIVE_INTERVAL_S` seconds until the block ends (a call
+        being generated is proof the agent lives). A failed heartbeat (the attempt ended meanwhile) is only logged."""
+
+        async def beat() -> None:
+            while True:
+                await asyncio.sleep(KEEPALIVE_INTERVAL_S)
+                try:
+                    await self.store.heartbeat(self.worker_id, rollout_id=self.rollout_id, attempt_id=self.attempt_id)
+                except Exception as exc:
+                    logger.debug("keepalive of attempt %s failed: %r", self.attempt_id, exc)
+
+        task = asyncio.get_running_loop().create_task(beat(), name=f"agentbolt-keepalive-{self.attempt_id}")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     def result_span(
         self,

@@ -46,10 +46,11 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 
 from agentbolt import semconv
 from agentbolt.errors import AgentboltError, ConflictError
@@ -368,15 +369,17 @@ async def serve_call(
         attributes,
         f"{wire.id_prefix}{uuid.uuid4().hex[:24]}",
         parent=_traceparent(request.headers.get("traceparent")),
+        worker_id=attempt.worker_id,
     )
     if held is not None:  # the weight swap outlasted the gate's hold limit
         answer, spans = _failed_call_spans(recorder, [held] * len(requests), spec)
         await recorder.record(spans)
         return _error_response(wire, answer)
     context = CallContext(recorder.response_id, int(recorder.start_s), backend.model_name, sampling)
-    if spec.stream:
+    if spec.stream:  # the session keeps the attempt alive while it streams
         return await _serve_stream(recorder, backend, requests, spec, wire, context)
-    return await _serve_whole(recorder, backend, requests, spec, wire, context)
+    async with recorder.keepalive():
+        return await _serve_whole(recorder, backend, requests, spec, wire, context)
 
 
 async def _serve_whole(
@@ -456,16 +459,68 @@ def gateway_validation_error(path: str, message: str) -> JSONResponse | None:
 _BODY_DOC = "The protocol's request body (JSON object); every field is honoured, recorded or refused with a 400."
 
 
-def _responses(kind: str) -> dict[int | str, dict[str, Any]]:
+class OpenAIErrorObject(BaseModel):
+    """``error`` of an answer in OpenAI's error shape."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class OpenAIErrorAnswer(BaseModel):
+    """An error of the OpenAI-protocol routes: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    error: OpenAIErrorObject
+
+
+class AnthropicErrorObject(BaseModel):
+    """``error`` of an answer in Anthropic's error shape."""
+
+    type: str
+    message: str
+
+
+class AnthropicErrorAnswer(BaseModel):
+    """An error of the Anthropic-protocol routes: ``{"type": "error", "error": {"type", "message"}}``."""
+
+    type: Literal["error"]
+    error: AnthropicErrorObject
+
+
+_GATEWAY_ERRORS: dict[int, str] = {
+    400: "a field the gateway cannot honour (named in the error), a bad value, a body that is not a JSON object, or "
+    "context_length_exceeded; nothing is generated",
+    404: "unknown rollout or attempt",
+    409: "the attempt or its rollout has finished: it takes no more LLM calls",
+    502: "the remote inference server failed (recorded as a failed call)",
+    503: "no inference backend (agentbolt serve without --model or --backend; the message says how to start one), "
+    "or the backend is unavailable",
+}
+"""The gateway's error answers, in the protocol's own shape (the guards' 401 and 413 are declared app-wide)."""
+
+
+def _errors(answer: type[BaseModel], *statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {status: {"model": answer, "description": _GATEWAY_ERRORS[status]} for status in statuses}
+
+
+_CALL_ERRORS = (400, 404, 409, 502, 503)
+
+
+def _responses(kind: str, errors: dict[int | str, dict[str, Any]]) -> dict[int | str, dict[str, Any]]:
     return {
         200: {
             "description": f"{kind}, or with ``stream: true`` a server-sent event stream.",
             "content": {"application/json": {}, "text/event-stream": {}},
-        }
+        },
+        **errors,
     }
 
 
-@router.post("/chat/completions", responses=_responses("A ``chat.completion`` object"))
+@router.post(
+    "/chat/completions",
+    responses=_responses("A ``chat.completion`` object", _errors(OpenAIErrorAnswer, *_CALL_ERRORS)),
+)
 async def chat_completions(
     rollout_id: str, attempt_id: str, request: Request, body: dict[str, Any] = Body(description=_BODY_DOC)
 ) -> Response:
@@ -479,7 +534,10 @@ async def chat_completions(
     return await serve_call(request, rollout_id, attempt_id, lambda: chat_call(body), CHAT)
 
 
-@router.post("/completions", responses=_responses("A ``text_completion`` object"))
+@router.post(
+    "/completions",
+    responses=_responses("A ``text_completion`` object", _errors(OpenAIErrorAnswer, *_CALL_ERRORS)),
+)
 async def completions(
     rollout_id: str, attempt_id: str, request: Request, body: dict[str, Any] = Body(description=_BODY_DOC)
 ) -> Response:
@@ -517,7 +575,7 @@ async def previous_messages(store: LightningStore, rollout_id: str, response_id:
     )
 
 
-@router.post("/responses", responses=_responses("A ``response`` object"))
+@router.post("/responses", responses=_responses("A ``response`` object", _errors(OpenAIErrorAnswer, *_CALL_ERRORS)))
 async def responses(
     rollout_id: str, attempt_id: str, request: Request, body: dict[str, Any] = Body(description=_BODY_DOC)
 ) -> Response:
@@ -536,7 +594,10 @@ async def responses(
     return await serve_call(request, rollout_id, attempt_id, make_spec, RESPONSES)
 
 
-@router.post("/messages", responses=_responses("An Anthropic ``message`` object"))
+@router.post(
+    "/messages",
+    responses=_responses("An Anthropic ``message`` object", _errors(AnthropicErrorAnswer, *_CALL_ERRORS)),
+)
 async def messages(
     rollout_id: str, attempt_id: str, request: Request, body: dict[str, Any] = Body(description=_BODY_DOC)
 ) -> Response:
@@ -547,7 +608,7 @@ async def messages(
     return await serve_call(request, rollout_id, attempt_id, lambda: anthropic_format.messages_call(body), MESSAGES)
 
 
-@router.post("/messages/count_tokens")
+@router.post("/messages/count_tokens", responses=_errors(AnthropicErrorAnswer, 400, 404, 409, 503))
 async def count_tokens(
     rollout_id: str, attempt_id: str, request: Request, body: dict[str, Any] = Body(description=_BODY_DOC)
 ) -> Response:
@@ -576,7 +637,7 @@ def models_body(backend: InferenceBackend) -> dict[str, Any]:
     }
 
 
-@router.get("/models")
+@router.get("/models", responses=_errors(OpenAIErrorAnswer, 404, 503))
 async def rollout_models(rollout_id: str, attempt_id: str, request: Request) -> Response:
     """OpenAI ``GET /v1/models`` under the attempt's base URL: the served model (404 for an unknown attempt)."""
     backend: InferenceBackend | None = request.app.state.backend
@@ -594,7 +655,7 @@ plain_router = APIRouter(prefix="/v1")
 not agents (the prompt optimizer's LLM, a quick check with the ``openai`` client). Nothing is recorded."""
 
 
-@plain_router.get("/models")
+@plain_router.get("/models", responses=_errors(OpenAIErrorAnswer, 503))
 async def plain_models(request: Request) -> Response:
     """OpenAI ``GET /v1/models``: the served model."""
     backend: InferenceBackend | None = request.app.state.backend
@@ -603,13 +664,17 @@ async def plain_models(request: Request) -> Response:
     return JSONResponse(models_body(backend))
 
 
-@plain_router.post("/chat/completions", responses=_responses("A ``chat.completion`` object"))
+@plain_router.post(
+    "/chat/completions",
+    responses=_responses("A ``chat.completion`` object", _errors(OpenAIErrorAnswer, 400, 502, 503)),
+)
 async def plain_chat_completions(request: Request, body: dict[str, Any] = Body(description=_BODY_DOC)) -> Response:
     """OpenAI Chat Completions served by the inference backend and recorded nowhere (no rollout, no spans): for
     callers that are not agents, such as the optimizer LLM of APO and GEPA. Same fields as the rollout route;
     ``stream`` is refused (400: use the rollout route). The weight-swap gate applies. Errors answer in OpenAI's
     shape: 503 without a backend, 400 bad values or context length exceeded, 502/503 backend failures."""
     backend: InferenceBackend | None = request.app.state.backend
+    request.app.state.unscoped_calls += 1  # a job reports these: an agent that missed its llm.endpoint lands here
     if backend is None:
         return _error_response(CHAT, ErrorInfo(503, "api_error", NO_BACKEND_MESSAGE, "no_backend"))
     try:

@@ -171,6 +171,10 @@ class StreamSession:
                 self._events.put_nowait(event)
 
     async def _produce(self) -> None:
+        async with self._recorder.keepalive():
+            await self._produce_events()
+
+    async def _produce_events(self) -> None:
         try:
             self._send(self._encoder.begin())
             outcomes = await asyncio.gather(

@@ -1,0 +1,135 @@
+"""What a training job says about each step and about its failures: the step line, why an update was skipped, the
+failure causes counted over the run, and the rule that stops a job that has nothing to train on.
+
+Causes are those of :mod:`agentbolt.adapter.causes`. A job stops (``grpo.fail_after`` consecutive steps without a
+trainable trajectory) with :class:`NothingToTrain`, whose message is a one-screen summary of the causes, each with
+one example and what to do; the job's ``summary.json`` keeps the same counts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentbolt.adapter.causes import HINTS
+from agentbolt.errors import AgentboltError
+from agentbolt.trainer.loop import StepResult
+
+
+class NothingToTrain(AgentboltError):
+    """The job stopped: ``fail_after`` consecutive steps gave no trainable trajectory. Exit code 1."""
+
+    exit_code = 1
+
+
+def skipped_update_reason(result: StepResult) -> str | None:
+    """Why the step's update did not move the policy, or ``None`` when it did (read from the trainer's stats).
+
+    The torch trainer reports ``stepped`` (0.0 or 1.0), ``n_skipped_zero_advantage``, ``n_skipped_no_loss_tokens``
+    and ``grad_norm`` (:meth:`agentbolt.algorithms.rl.torch_backend.TorchTrainerBackend.train_step`).
+    """
+    stats = result.update_stats
+    if result.n_samples == 0:
+        return "no samples to train on"
+    if stats.get("stepped", 1.0) != 0.0:
+        return None
+    zero = int(stats.get("n_skipped_zero_advantage", 0))
+    empty = int(stats.get("n_skipped_no_loss_tokens", 0))
+    if zero and zero + empty >= result.n_samples:
+        return f"every advantage is 0 ({zero} samples: each group's rollouts had the same reward)"
+    if empty and zero + empty >= result.n_samples:
+        return f"no sample has a trained token ({empty} samples; e.g. every response masked as truncated)"
+    grad = stats.get("grad_norm", math.nan)
+    if not math.isfinite(grad):
+        return "the gradient norm was not finite; the gradient was dropped"
+    return "the trainer took no step"
+
+
+def step_line(result: StepResult) -> str:
+    """The one line a job prints after each step: reward, time, what was trained, what failed and why."""
+    parts = [
+        f"step {result.train_step}: reward {result.reward_mean:.3f}±{result.reward_std:.3f}",
+        f"waited {result.wait_s:.0f}s",
+        f"update {result.update_s:.0f}s",
+        f"transitions {result.n_transitions}",
+    ]
+    failed = result.n_failed + result.n_infra_failed
+    if failed:
+        causes = ", ".join(f"{cause} {n}" for cause, n in sorted(result.causes.items(), key=lambda kv: -kv[1]))
+        parts.append(f"failed {failed}/{result.n_rollouts} ({causes})" if causes else f"failed {failed}")
+    else:
+        parts.append("failed 0")
+    if result.n_truncated:
+        parts.append(f"truncated {result.n_truncated}/{result.n_calls} calls at max_tokens")
+    if result.staleness is not None:
+        parts.append(f"staleness {result.staleness.mean_staleness:.2f} dropped {result.staleness.n_dropped}")
+    skipped = skipped_update_reason(result)
+    if skipped is not None:
+        parts.append(f"update skipped: {skipped}")
+    return "  ".join(parts)
+
+
+@dataclass
+class FailureWatch:
+    """Counts failure causes over a run and trips after ``fail_after`` consecutive steps without a trainable
+    trajectory (``fail_after`` 0: never).
+
+    Attributes:
+        fail_after: the limit (``grpo.fail_after``).
+        causes / details: rollouts per cause over the run, and the first detail seen per cause.
+        n_truncated / n_calls: trained calls cut at ``max_tokens``, and all trained calls, over the run.
+        empty_streak: consecutive steps, up to the last one seen, without a trainable trajectory.
+    """
+
+    fail_after: int
+    causes: dict[str, int] = field(default_factory=dict)
+    details: dict[str, str] = field(default_factory=dict)
+    n_truncated: int = 0
+    n_calls: int = 0
+    n_rollouts: int = 0
+    empty_streak: int = 0
+
+    def add(self, result: StepResult) -> None:
+        """Count one step's figures."""
+        for cause, n in result.causes.items():
+            self.causes[cause] = self.causes.get(cause, 0) + n
+        for cause, detail in result.cause_details.items():
+            self.details.setdefault(cause, detail)
+        self.n_truncated += result.n_truncated
+        self.n_calls += result.n_calls
+        self.n_rollouts += result.n_rollouts
+        self.empty_streak = self.empty_streak + 1 if result.n_transitions == 0 else 0
+
+    @property
+    def tripped(self) -> bool:
+        """True once ``fail_after`` consecutive steps had no trainable trajectory."""
+        return self.fail_after > 0 and self.empty_streak >= self.fail_after
+
+    def to_summary(self) -> dict[str, Any]:
+        """The run's failure figures, for ``summary.json``."""
+        return {
+            "failure_causes": dict(sorted(self.causes.items(), key=lambda kv: -kv[1])),
+            "failure_examples": dict(self.details),
+            "truncated_calls": self.n_truncated,
+            "trained_calls": self.n_calls,
+            "stopped_for_failures": self.tripped,
+        }
+
+    def report(self, store: str = "sqlite:///OUT/store.db") -> str:
+        """A one-screen summary of the causes: count, an example and what to do, most frequent first; ``store``
+        is named in the closing ``agentbolt rollouts`` command."""
+        lines = [
+            f"no trainable trajectory in {self.empty_streak} consecutive steps (grpo.fail_after={self.fail_after}); "
+            f"the job stopped. Causes over {self.n_rollouts} rollouts:"
+        ]
+        for cause, n in sorted(self.causes.items(), key=lambda kv: -kv[1])[:8]:
+            detail = self.details.get(cause, "")
+            lines.append(f"  {cause} x{n}" + (f": {detail[:160]}" if detail else ""))
+            hint = HINTS.get(cause)
+            if hint and hint not in detail:
+                lines.append(f"      -> {hint}")
+        if not self.causes:
+            lines.append("  (no rollout failed: every rollout was left out by agent_match or had no trainable call)")
+        lines.append(f"see them with: agentbolt rollouts --store {store}")
+        return "\n".join(lines)

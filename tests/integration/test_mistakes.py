@@ -1,0 +1,130 @@
+"""``agentbolt train`` with an agent that makes every mistake new users make (issue 22): it raises, returns None,
+returns a string, calls the server's root instead of ``llm.endpoint``, calls a port where nothing listens, hangs.
+Nothing is trainable, so the job stops after ``fail_after`` steps with exit code 1, and each cause is named in the
+terminal, in ``summary.json``, on the dashboard's Errors API and by ``agentbolt rollouts``. A real job (SmolLM2,
+runner processes, the gateway), a real ``agentbolt serve`` on the job's store afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+from tests.integration.serve_process import start_serve
+
+REPO = Path(__file__).resolve().parents[2]
+
+KINDS = ["raises", "returns_none", "returns_string", "gateway_root", "wrong_port", "hangs"]
+
+CONFIG = """\
+model: smollm2-135m
+agent: tests.integration.broken_agents:broken
+tasks: {tasks}
+val_size: 0
+eval_before: false
+eval_after: false
+runner_processes: 1
+runner_concurrency: 12
+grpo:
+  steps: 4
+  tasks_per_step: 6
+  group_size: 2
+  max_tokens: 8
+  rollout_timeout_s: 4
+  max_attempts: 1
+  fail_after: 2
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_each_mistake_is_named_and_the_job_fails(tmp_path: Path, smollm2_dir: Path) -> None:
+    port = _free_port()  # closed again: nothing listens there
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"task_id": k, "kind": k, "port": port}) + "\n" for k in KINDS))
+    config = tmp_path / "config.yaml"
+    config.write_text(CONFIG.format(tasks=tasks))
+    out = tmp_path / "run"
+    env = {**os.environ, "AGENTBOLT_CACHE": str(smollm2_dir.parent.parent), "COLUMNS": "250"}
+    job = subprocess.run(
+        [sys.executable, "-m", "agentbolt.cli.main", "train", str(config), "--out", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    text = job.stdout + job.stderr
+    assert job.returncode == 1, text
+    assert "Traceback" not in text, text
+    # the step lines and the one-screen summary name every cause, with an example and what to do
+    for cause in ("agent_exception", "no_reward", "bad_reward", "no_gateway_call", "timeout"):
+        assert cause in text, (cause, text)
+    assert "ValueError: the agent tripped on purpose" in text
+    assert f"127.0.0.1:{port}" in text  # the connection error names the URL the agent used
+    assert "no trainable trajectory in 2 consecutive steps" in text
+    assert "llm.endpoint" in text  # the hint of no_gateway_call
+    assert "step 3:" not in text  # the job stopped after two empty steps
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stopped_for_failures"] is True
+    assert summary["failure_causes"] == {
+        "agent_exception": 8,  # raises and wrong_port, twice a step (group_size 2), in two steps
+        "no_reward": 4,
+        "bad_reward": 4,
+        "no_gateway_call": 4,
+        "timeout": 4,
+    }
+    assert "str" in summary["failure_examples"]["bad_reward"]
+
+    listed = subprocess.run(
+        [sys.executable, "-m", "agentbolt.cli.main", "rollouts", "--store", str(out / "store.db"), "--json"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert listed.returncode == 0, listed.stderr
+    rows = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert sorted(r["cause"] for r in rows) == sorted(
+        ["agent_exception"] * 8 + ["no_reward"] * 4 + ["bad_reward"] * 4 + ["no_gateway_call"] * 4 + ["timeout"] * 4
+    )
+    no_reward = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agentbolt.cli.main",
+            "rollouts",
+            "--store",
+            str(out / "store.db"),
+            "--cause",
+            "no_reward",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert no_reward.returncode == 0 and "no_reward 4" in " ".join(no_reward.stdout.split()), no_reward.stdout
+
+    serve, url = start_serve("--store", f"sqlite:///{out / 'store.db'}", "--port", "0")
+    try:
+        kinds = {k["kind"]: k for k in httpx.get(f"{url}/v1/errors/summary", timeout=30).json()["kinds"]}
+    finally:
+        serve.terminate()
+        serve.wait(10)
+    assert kinds["agent_exception:ValueError"]["count"] == 4
+    assert kinds["agent_exception:APIConnectionError"]["count"] == 4
+    assert kinds["no_reward"]["count"] == 4 and kinds["bad_reward"]["count"] == 4
+    assert kinds["timeout"]["count"] == 4
+    assert kinds["no_gateway_call"]["count"] == 4
