@@ -38,6 +38,15 @@ logger = logging.getLogger(__name__)
 KEEPALIVE_INTERVAL_S: Final = 2.0
 """How often a call in progress refreshes its attempt's heartbeat (seconds; the runners' own period)."""
 
+
+def keepalive_interval(unresponsive_s: float | None) -> float:
+    """The keepalive period for an attempt whose lease is ``unresponsive_s`` seconds: :data:`KEEPALIVE_INTERVAL_S`,
+    or a third of a shorter lease."""
+    if unresponsive_s is None:
+        return KEEPALIVE_INTERVAL_S
+    return min(KEEPALIVE_INTERVAL_S, unresponsive_s / 3)
+
+
 GATEWAY_WORKER_ID: Final = "gateway"
 """The worker a keepalive names when the attempt has none."""
 
@@ -58,6 +67,7 @@ class CallRecorder:
         parent: ``(trace_id, span_id)`` of the caller's span, from the request's ``traceparent`` header: the spans
             join that trace as its children. ``None``: a new trace per request, no parent.
         worker_id: the worker that claimed the attempt (named by :meth:`keepalive`'s heartbeats).
+        keepalive_s: the period of :meth:`keepalive`'s heartbeats (:func:`keepalive_interval` of the lease).
     """
 
     def __init__(
@@ -69,9 +79,11 @@ class CallRecorder:
         response_id: str,
         parent: tuple[str, str] | None = None,
         worker_id: str | None = None,
+        keepalive_s: float = KEEPALIVE_INTERVAL_S,
     ) -> None:
         self.store = store
         self.worker_id = worker_id or GATEWAY_WORKER_ID
+        self.keepalive_s = keepalive_s
         self.rollout_id = rollout_id
         self.attempt_id = attempt_id
         self.response_id = response_id
@@ -82,12 +94,12 @@ class CallRecorder:
 
     @contextlib.asynccontextmanager
     async def keepalive(self) -> AsyncIterator[None]:
-        """Refresh the attempt's heartbeat every :data:`KEEPALIVE_INTERVAL_S` seconds until the block ends (a call
-        being generated is proof the agent lives). A failed heartbeat (the attempt ended meanwhile) is only logged."""
+        """Refresh the attempt's heartbeat every ``keepalive_s`` seconds until the block ends (a call being
+        generated is proof the agent lives). A failed heartbeat (the attempt ended meanwhile) is only logged."""
 
         async def beat() -> None:
             while True:
-                await asyncio.sleep(KEEPALIVE_INTERVAL_S)
+                await asyncio.sleep(self.keepalive_s)
                 try:
                     await self.store.heartbeat(self.worker_id, rollout_id=self.rollout_id, attempt_id=self.attempt_id)
                 except Exception as exc:

@@ -75,12 +75,12 @@ from agentbolt.server.gateway.openai_format import (
     message_body,
     offered_tool_names,
 )
-from agentbolt.server.gateway.recording import REASON_NOT_DELIVERED, CallRecorder
+from agentbolt.server.gateway.recording import REASON_NOT_DELIVERED, CallRecorder, keepalive_interval
 from agentbolt.server.gateway.sampling import Sampling, resolve_sampling
 from agentbolt.server.gateway.streaming import SessionResponse, StreamSession
 from agentbolt.server.gateway.swap import WeightSwapGate
 from agentbolt.store.base import LightningStore
-from agentbolt.types import TERMINAL_ATTEMPT_STATUSES, TERMINAL_ROLLOUT_STATUSES, Attempt, Span
+from agentbolt.types import TERMINAL_ATTEMPT_STATUSES, TERMINAL_ROLLOUT_STATUSES, Attempt, Rollout, Span
 
 logger = logging.getLogger(__name__)
 
@@ -175,15 +175,16 @@ MESSAGES = Wire(
 )
 
 
-async def _check_attempt_open(store: LightningStore, rollout_id: str, attempt_id: str) -> Attempt:
-    """The attempt; raises NotFoundError (unknown ids) or ConflictError (the attempt or its rollout is finished)."""
+async def _check_attempt_open(store: LightningStore, rollout_id: str, attempt_id: str) -> tuple[Rollout, Attempt]:
+    """The rollout and attempt; raises NotFoundError (unknown ids) or ConflictError (the attempt or its rollout is
+    finished)."""
     attempt = await store.get_attempt(rollout_id, attempt_id)
     if attempt.status in TERMINAL_ATTEMPT_STATUSES:
         raise ConflictError(f"attempt {attempt_id} is already {attempt.status.value}; it takes no more LLM calls")
     rollout = await store.get_rollout(rollout_id)
     if rollout.status in TERMINAL_ROLLOUT_STATUSES:
         raise ConflictError(f"rollout {rollout_id} is already {rollout.status.value}; it takes no more LLM calls")
-    return attempt
+    return rollout, attempt
 
 
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
@@ -336,7 +337,7 @@ async def serve_call(
     if backend is None:
         return _error_response(wire, ErrorInfo(503, "api_error", NO_BACKEND_MESSAGE, "no_backend"))
     try:
-        attempt = await _check_attempt_open(store, rollout_id, attempt_id)
+        rollout, attempt = await _check_attempt_open(store, rollout_id, attempt_id)
         spec = make_spec()
         if asyncio.iscoroutine(spec):
             spec = await spec
@@ -370,6 +371,7 @@ async def serve_call(
         f"{wire.id_prefix}{uuid.uuid4().hex[:24]}",
         parent=_traceparent(request.headers.get("traceparent")),
         worker_id=attempt.worker_id,
+        keepalive_s=keepalive_interval(rollout.config.unresponsive_seconds),
     )
     if held is not None:  # the weight swap outlasted the gate's hold limit
         answer, spans = _failed_call_spans(recorder, [held] * len(requests), spec)
