@@ -48,9 +48,13 @@ class GRPOConfig(_Config):
         max_attempts: tries per rollout (retries only on timeout/unresponsive).
         fail_after: stop the job (exit code 1, with a summary of the failure causes) after this many consecutive
             steps without a trainable trajectory; 0 never stops.
-        accuracy_reward_name: the named reward that evaluation reads as accuracy; a rollout with no reward of that
-            name is scored by its final reward. A rollout is correct when that value is at least 1.0
-            (:func:`agentbolt.adapter.trajectory.is_correct`).
+        accuracy_reward_name: the named reward that validation reads as a rollout's accuracy reward; ``None``
+            (default) or ``""``: its final reward (what the agent returned). A rollout without a reward of that name
+            is scored by its final reward, and an evaluation in which no rollout recorded it says so (a warning, and
+            ``accuracy_reward_missing`` in ``summary.json``) instead of falling back in silence.
+        success_threshold: a validation rollout counts as a success (correct) when it succeeded and its accuracy
+            reward is at least this (unit: reward; default 1.0; :func:`agentbolt.adapter.trajectory.is_correct`).
+            The job's header line shows the rule, e.g. ``success: final reward >= 1.0``.
         seed: shuffles the training tasks.
         async_rollouts: steps of rollouts enqueued ahead of the update (asynchronous training,
             :meth:`agentbolt.trainer.loop.RLTrainer.train`): 0 = synchronous; ``k`` = runners keep generating the
@@ -84,7 +88,8 @@ class GRPOConfig(_Config):
     rollout_unresponsive_s: float = Field(default=DEFAULT_UNRESPONSIVE_S, gt=0)
     max_attempts: int = Field(default=2, ge=1)
     fail_after: int = Field(default=2, ge=0)
-    accuracy_reward_name: str = "correct"
+    accuracy_reward_name: str | None = None
+    success_threshold: float = Field(default=1.0, allow_inf_nan=False)
     seed: int = 0
     async_rollouts: int = Field(default=0, ge=0)
     max_staleness: int | None = Field(default=None, ge=0)

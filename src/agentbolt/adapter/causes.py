@@ -157,7 +157,8 @@ def failure_cause(
         return FailureCause(NO_REWARD, "the agent returned None and emitted no final reward")
     calls = [s for s in spans if s.name == semconv.SPAN_LLM_CALL]
     if not calls:
-        return FailureCause(NO_GATEWAY_CALL, "the gateway recorded no LLM call for this attempt")
+        endpoint = f"/v1/rollouts/{rollout.rollout_id}/attempts/{attempt.attempt_id}/v1"
+        return FailureCause(NO_GATEWAY_CALL, f"no LLM call reached its llm.endpoint (<server>{endpoint})")
     if trainable is None:
         trainable = any(
             s.status.code != "ERROR" and s.attributes.get(semconv.LLM_TRAINABLE) is not False for s in calls

@@ -212,28 +212,44 @@ def last_reward(spans: Sequence[Span], name: str | None = None) -> float | None:
 
 
 CORRECT_AT = 1.0
-"""A rollout counts as correct when its accuracy reward is at least this (unit: reward)."""
+"""The default success threshold (``grpo.success_threshold``): a rollout counts as a success when its accuracy
+reward is at least this (unit: reward)."""
 
 
 def accuracy_reward(spans: Sequence[Span], name: str | None, final_reward: float | None = None) -> float | None:
     """The reward that scores one attempt for accuracy: the last reward called ``name`` when the attempt recorded
     one, else its final reward (``final_reward``, the rollout's, when given; else the last unnamed reward span, the
-    rule of :func:`build_trajectory`); ``None`` when it has neither.
+    rule of :func:`build_trajectory`); ``None`` when it has neither. ``name`` ``None`` or ``""``: the final reward.
 
     An agent that emits a component such as ``correct`` is scored by it; an agent that only returns its reward
-    (the README's style) is scored by that reward. Count the attempt correct when the value is at least
-    :data:`CORRECT_AT`, as :func:`is_correct` does.
+    (the README's style) is scored by that reward. Count the attempt a success when the value is at least the
+    threshold, as :func:`is_correct` does. Whether the named reward was there at all is
+    :func:`has_named_reward`: an evaluation in which no rollout recorded it reports so instead of falling back in
+    silence.
     """
-    value = last_reward(spans, name) if name is not None else None
+    value = last_reward(spans, name) if name else None
     if value is not None:
         return value
     return final_reward if final_reward is not None else last_reward(spans, None)
 
 
-def is_correct(value: float | None) -> bool:
-    """``True`` when an accuracy reward (:func:`accuracy_reward`) is at least :data:`CORRECT_AT`; ``None`` (no
-    reward, or a rollout that did not succeed) is not correct."""
-    return value is not None and value >= CORRECT_AT
+def has_named_reward(spans: Sequence[Span], name: str | None) -> bool:
+    """Whether the attempt recorded a valid reward called ``name`` (``True`` when ``name`` is ``None`` or ``""``:
+    the final reward is read then, and nothing named is expected)."""
+    return not name or last_reward(spans, name) is not None
+
+
+def is_correct(value: float | None, threshold: float = CORRECT_AT) -> bool:
+    """``True`` when an accuracy reward (:func:`accuracy_reward`) is at least ``threshold``; ``None`` (no reward,
+    or a rollout that did not succeed) is not correct."""
+    return value is not None and value >= threshold
+
+
+def describe_success(name: str | None, threshold: float = CORRECT_AT) -> str:
+    """The success rule in words, as the job's header line shows it: ``final reward >= 1.0`` or
+    ``reward 'correct' >= 1.0``."""
+    what = f"reward {name!r}" if name else "final reward"
+    return f"{what} >= {float(threshold)!r}"
 
 
 def _reward_value(raw: object) -> float | None:

@@ -4,7 +4,13 @@ message."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
+import sys
+import threading
 from collections.abc import Coroutine
+from types import FrameType
 from typing import Any, NoReturn
 
 import typer
@@ -14,28 +20,89 @@ from rich.console import Console
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+"""The signals that stop a job (Ctrl-C sends SIGINT to the terminal's whole process group)."""
+
+SIGNAL_EXIT_CODE = 130
+"""The exit status of a job stopped by a signal (128 + SIGINT, what a shell reports after a Ctrl-C)."""
+
+STOP_DEADLINE_S = 1.5
+"""After the first signal the process exits within this long (seconds), even if the job's teardown is not done."""
+
 
 def run_job(job: Coroutine[Any, Any, Any], *, on_stop: str | None = None) -> None:
-    """Run a long job (``train``, ``demo``) until it ends or SIGINT/SIGTERM arrives; a signal cancels it, so its
-    runners are stopped and its store closed on the way out (everything finished stays in the store), then exit 130.
-    ``on_stop`` is printed after a signal (e.g. the command that resumes the run)."""
+    """Run a long job (``train``, ``demo``, ``eval``) until it ends or SIGINT/SIGTERM arrives.
 
-    async def main() -> None:
-        import signal
+    The first signal cancels the job. The job never blocks the event loop for long (a model load or an update runs
+    in a thread), so the cancellation lands at once in every phase; the job then does what matters first
+    (``agentbolt train``: stop its runners, cancel its in-flight rollouts in the store, write the summary of its
+    finished steps) and tears the rest down (server, store, model). The process exits with
+    :data:`SIGNAL_EXIT_CODE` through ``os._exit`` as soon as the job has stopped, and at the latest
+    :data:`STOP_DEADLINE_S` after the signal: the rest of a teardown that takes longer (a generation batch the
+    server waits for) and any thread still busy (a model still loading, an update inside torch, which cannot be
+    interrupted) are abandoned, not waited for; the store's committed writes are on disk by then. ``on_stop`` is
+    printed on the way out (e.g. the command that resumes the run). A second signal exits at once, whatever the
+    job is doing. No traceback is printed.
+    """
+    exiting = threading.Lock()
 
-        task = asyncio.ensure_future(job)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, task.cancel)
-        try:
-            await task
-        except asyncio.CancelledError:
+    def exit_stopped(note: str | None = None) -> None:
+        """Print why the job stopped and end the process (once, from whichever thread gets here first)."""
+        with exiting:
+            if note:
+                console.print(note)
             console.print("stopped by a signal; the store keeps every rollout and span recorded so far")
             if on_stop:
                 console.print(on_stop)
-            raise typer.Exit(130) from None
+            sys.stdout.flush()
+            sys.stderr.flush()
+            _finish_multiprocessing()
+            os._exit(SIGNAL_EXIT_CODE)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(job)
+        loop = asyncio.get_running_loop()
+        signals = 0
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            nonlocal signals
+            signals += 1
+            if signals > 1:  # asked twice: no more cleanup
+                os.write(2, b"\nstopped at once (second signal); the store keeps everything written so far\n")
+                os._exit(SIGNAL_EXIT_CODE)
+            loop.call_soon_threadsafe(task.cancel)
+            deadline = threading.Timer(STOP_DEADLINE_S, exit_stopped, args=("the job's teardown was cut short",))
+            deadline.daemon = True
+            deadline.start()
+
+        # Python-level handlers, not loop.add_signal_handler: they run on the main thread between bytecodes even
+        # while a callback holds the loop, so a second signal always ends the process.
+        previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
+        stopped = False
+        try:
+            await task
+        except asyncio.CancelledError:
+            if signals == 0:
+                raise  # cancelled from inside the job, not by a signal
+            stopped = True
+        finally:
+            if not stopped:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+        exit_stopped()  # stopped by a signal
 
     asyncio.run(main())
+
+
+def _finish_multiprocessing() -> None:
+    """What multiprocessing does at a normal exit, before ``os._exit`` skips it: terminate child processes still
+    running and run its finalizers (else its resource tracker reports the job's semaphores as "leaked")."""
+    import multiprocessing.util
+
+    finish = getattr(multiprocessing.util, "_exit_function", None)  # the atexit hook multiprocessing registers
+    if finish is not None:
+        with contextlib.suppress(Exception):
+            finish()
 
 
 def fail(exc: Exception) -> NoReturn:

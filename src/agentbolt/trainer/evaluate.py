@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from agentbolt.adapter.trajectory import is_correct
+from agentbolt.adapter.trajectory import describe_success, is_correct
 from agentbolt.errors import ConfigError, NotFoundError
 from agentbolt.types import LLM, PromptTemplate, RolloutMode
 
@@ -184,7 +184,8 @@ async def run_eval(
         t_eval = time.perf_counter()
         with progress:
             results = await evaluator(candidate, tasks, mode=mode)
-            progress.update(bar, score=f"accuracy {sum(is_correct(r.reward) for r in results)}/{len(results)}")
+            n_correct = sum(is_correct(r.reward, config.success_threshold) for r in results)
+            progress.update(bar, score=f"accuracy {n_correct}/{len(results)}")
         eval_s = time.perf_counter() - t_eval
         rollouts = [await serving.store.get_rollout(r.rollout_id) for r in results if r.rollout_id is not None]
         generation = serving.backend.stats
@@ -202,8 +203,10 @@ async def run_eval(
         "agent": config.agent,
         "tasks": config.tasks,
         "n": len(results),
-        "n_correct": sum(is_correct(r) for r in rewards),
-        "accuracy": sum(is_correct(r) for r in rewards) / len(rewards),
+        "success_rule": describe_success(config.reward_name, config.success_threshold),
+        "reward_name_missing": evaluator.reward_name_missing,
+        "n_correct": n_correct,
+        "accuracy": n_correct / len(rewards),
         "mean_reward": _mean(rewards),
         "rollout_status": {
             s: sum(r.status.value == s for r in rollouts) for s in sorted({r.status.value for r in rollouts})
@@ -233,4 +236,8 @@ async def run_eval(
         f"({summary['n_correct']}/{len(results)}), mean reward {summary['mean_reward']:.3f}; "
         f"rollouts under {run_version.resources_id} (mode {mode.value}); wrote {out / 'eval.json'}"
     )
+    if evaluator.reward_name_missing:
+        from agentbolt.trainer.prompt_opt import missing_reward_warning
+
+        console.print(missing_reward_warning(config.reward_name), markup=False, highlight=False)
     return summary

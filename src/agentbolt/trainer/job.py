@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from agentbolt.adapter.trajectory import describe_success
 from agentbolt.errors import ConfigError
 from agentbolt.trainer.job_config import (
     RUN_PURPOSE,
@@ -240,7 +241,8 @@ async def _run_job(
         f"[bold]agentbolt train[/]: model={config.model} steps={grpo.steps} "
         f"tasks/step={min(grpo.tasks_per_step, len(train_tasks))} "
         f"group={grpo.group_size} estimator={grpo.advantage_estimator} credit={grpo.credit_assignment} "
-        f"async_rollouts={grpo.async_rollouts} val={ {k: len(v) for k, v in val_sets.items()} }"
+        f"async_rollouts={grpo.async_rollouts} val={ {k: len(v) for k, v in val_sets.items()} } "
+        f"success: {describe_success(grpo.accuracy_reward_name, grpo.success_threshold)}"
     )
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
@@ -325,10 +327,14 @@ async def _run_job(
             await ensure_checkpoint_published(trainer, resume_info)
         n_val = sum(len(v) for v in val_sets.values())
 
+        async def evaluate(description: str, label: str) -> dict[str, float]:
+            accuracy = await trainer.evaluate(val_sets, on_progress=tracker(description, n_val), label=label)
+            if label in trainer.accuracy_reward_missing:  # the warning is logged; the summary keeps it too
+                job.setdefault("accuracy_reward_missing", []).append(label)
+            return accuracy
+
         async def evaluate_at(step: int) -> dict[str, float]:
-            accuracy = await trainer.evaluate(
-                val_sets, on_progress=tracker(f"eval step {step}", n_val), label=f"step-{step}"
-            )
+            accuracy = await evaluate(f"eval step {step}", f"step-{step}")
             job.setdefault("val_during", {})[str(step)] = accuracy
             return accuracy
 
@@ -353,51 +359,47 @@ async def _run_job(
                 seams.on_step(result)
 
         timing = job["timing_s"]
-        with progress:
-            if val_sets and config.eval_before and not job["eval_before_done"]:
-                t0 = time.perf_counter()
-                job["val_before"] = await trainer.evaluate(
-                    val_sets, on_progress=tracker("eval before", n_val), label="before"
+        try:
+            with progress:
+                if val_sets and config.eval_before and not job["eval_before_done"]:
+                    t0 = time.perf_counter()
+                    job["val_before"] = await evaluate("eval before", "before")
+                    job["eval_before_done"] = True
+                    timing["eval_before"] = time.perf_counter() - t0
+                t_train = time.perf_counter()
+                results = await trainer.train(
+                    train_tasks,
+                    first_step=first_step,
+                    on_step_start=lambda step, total: tracker(f"step {step}: rollouts", total),
+                    on_step_end=record,
+                    after_step=checkpointer.after_step,
+                    keep_going=lambda step: not watch.tripped and (seams.keep_going is None or seams.keep_going(step)),
                 )
-                job["eval_before_done"] = True
-                timing["eval_before"] = time.perf_counter() - t0
-            t_train = time.perf_counter()
-            results = await trainer.train(
-                train_tasks,
-                first_step=first_step,
-                on_step_start=lambda step, total: tracker(f"step {step}: rollouts", total),
-                on_step_end=record,
-                after_step=checkpointer.after_step,
-                keep_going=lambda step: not watch.tripped and (seams.keep_going is None or seams.keep_going(step)),
-            )
-            timing["train"] = timing.get("train", 0.0) + time.perf_counter() - t_train
-            if watch.tripped:
-                pass  # nothing was trained: no checkpoint, no evaluation; the summary below says why
-            elif results and results[-1].train_step < grpo.steps and results[-1].train_step % config.checkpoint.every:
-                await checkpointer.save(results[-1].train_step)  # stopped early (keep_going) between checkpoints
-            last = checkpointer.written[-1] if checkpointer.written else None
-            if last is None and resume_info is not None and resume_info.step >= grpo.steps:
-                last = resume_info.path  # every step was done before the stop: only the evaluation is left
-            if val_sets and config.eval_after and "val_after" not in job and not watch.tripped:
-                t1 = time.perf_counter()
-                job["val_after"] = await trainer.evaluate(
-                    val_sets, on_progress=tracker("eval after", n_val), label="after"
-                )
-                timing["eval_after"] = time.perf_counter() - t1
-            if last is not None:
-                await checkpointer.finish(last, val_accuracy=job.get("val_after"))
-            else:
-                await trainer.flush_metrics()
+                timing["train"] = timing.get("train", 0.0) + time.perf_counter() - t_train
+                if watch.tripped:
+                    pass  # nothing was trained: no checkpoint, no evaluation; the summary below says why
+                elif results and (done := results[-1].train_step) < grpo.steps and done % config.checkpoint.every:
+                    await checkpointer.save(done)  # stopped early (keep_going) between checkpoints
+                last = checkpointer.written[-1] if checkpointer.written else None
+                if last is None and resume_info is not None and resume_info.step >= grpo.steps:
+                    last = resume_info.path  # every step was done before the stop: only the evaluation is left
+                if val_sets and config.eval_after and "val_after" not in job and not watch.tripped:
+                    t1 = time.perf_counter()
+                    job["val_after"] = await evaluate("eval after", "after")
+                    timing["eval_after"] = time.perf_counter() - t1
+                if last is not None:
+                    await checkpointer.finish(last, val_accuracy=job.get("val_after"))
+                else:
+                    await trainer.flush_metrics()
+        except asyncio.CancelledError:  # Ctrl-C (or every runner exited): keep what the finished steps found
+            from agentbolt.trainer.local import RUNNER_STOP_ON_CANCEL_S, stop_runners
+
+            # The runners first: an agent whose rollout is cancelled under it would only log the refused calls.
+            await asyncio.to_thread(stop_runners, local.runners, RUNNER_STOP_ON_CANCEL_S)
+            await _write_stopped_summary(config, console, job, store, _generation_counters(backend), watch)
+            raise
         n_rollouts = len(await store.query_rollouts())
-        gen = backend.stats
-        counters = {
-            "generated_tokens": gen.generated_tokens,
-            "generation_s": gen.generation_s,
-            "tokens_per_s": gen.tokens_per_s,
-            "requests": gen.requests,
-            "batches": gen.batches,
-            "mean_batch_size": gen.mean_batch_size,
-        }
+        counters = _generation_counters(backend)
         gate = trainer.swap_gate
         model_setup_s = local.model_setup_s
 
@@ -423,6 +425,48 @@ async def _run_job(
         raise NothingToTrain(watch.report(store=str(config.out_dir / "store.db")))
     _print_next_steps(console, config, summary)
     return summary
+
+
+def _generation_counters(backend: Any) -> dict[str, Any]:
+    """The embedded backend's generation counters, as the summary keeps them."""
+    gen = backend.stats
+    return {
+        "generated_tokens": gen.generated_tokens,
+        "generation_s": gen.generation_s,
+        "tokens_per_s": gen.tokens_per_s,
+        "requests": gen.requests,
+        "batches": gen.batches,
+        "mean_batch_size": gen.mean_batch_size,
+    }
+
+
+async def _write_stopped_summary(
+    config: TrainConfig,
+    console: Console,
+    job: dict[str, Any],
+    store: Any,
+    generation: dict[str, Any],
+    watch: FailureWatch,
+) -> None:
+    """On a stop (the job's task cancelled, e.g. by Ctrl-C): cancel every rollout still open in the store (their
+    attempts are not waited for) and write ``summary.json`` with the steps finished so far and ``stopped: true``.
+    Never raises: the job is already stopping (a failure here is logged)."""
+    from agentbolt.trainer.checkpoint import cancel_unfinished
+
+    try:
+        cancelled = await cancel_unfinished(store)
+        summary = build_summary(config, job, n_rollouts=len(await store.query_rollouts()), generation=generation)
+        summary["stopped"] = True
+        summary["rollouts_cancelled"] = len(cancelled)
+        summary.update(watch.to_summary())
+        (config.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    except Exception as exc:  # the stop goes on; what was recorded stays in the store
+        logger.warning("could not write the summary of the stopped run: %r", exc)
+        return
+    console.print(
+        f"stopped after {len(job['steps'])} finished steps; {len(cancelled)} unfinished rollouts cancelled; wrote "
+        f"{config.out_dir / 'summary.json'}"
+    )
 
 
 def dump_config_yaml(config: TrainConfig) -> str:
@@ -457,6 +501,9 @@ def build_summary(
         "val_accuracy_before": job.get("val_before", {}),
         "val_accuracy_after": job.get("val_after", {}),
         "val_accuracy_during": job.get("val_during", {}),
+        "success_rule": describe_success(grpo.accuracy_reward_name, grpo.success_threshold),
+        "accuracy_reward_missing": bool(job.get("accuracy_reward_missing")),
+        "accuracy_reward_missing_in": job.get("accuracy_reward_missing", []),
         "n_rollouts": n_rollouts,
         "n_transitions": sum(r["n_transitions"] for r in rows),
         "model": config.model,

@@ -25,6 +25,8 @@ from agentbolt.config import GRPOConfig
 from agentbolt.errors import BackendError, ConfigError
 
 if TYPE_CHECKING:
+    from torch.nn import Module
+
     from agentbolt.algorithms.rl.torch_backend import TorchPolicyTrainer, TorchTrainerConfig
     from agentbolt.inference.embedded import EmbeddedBackend
     from agentbolt.runner.processes import RunnerPool
@@ -47,6 +49,8 @@ class LocalTraining:
         model_setup_s: seconds spent preparing and loading the model.
         updater: the torch trainer backend that owns the LoRA policy (``trainer.updater``; ``save_state`` writes a
             checkpoint's weights).
+        runners: the runner processes (a stopping job ends them with :func:`stop_runners` before it cancels the
+            rollouts they hold).
     """
 
     trainer: RLTrainer
@@ -55,6 +59,7 @@ class LocalTraining:
     url: str
     model_setup_s: float
     updater: TorchPolicyTrainer
+    runners: RunnerPool
 
 
 class MachineSettings(Protocol):
@@ -332,6 +337,7 @@ class LocalServing:
         url: the server's root URL (store API, rollout gateway, and the unrecorded ``/v1/chat/completions``).
         gate: the gateway's weight-swap gate.
         model_setup_s: seconds spent preparing and loading the model.
+        runners: the runner processes.
     """
 
     store: SqliteLightningStore
@@ -339,6 +345,7 @@ class LocalServing:
     url: str
     gate: WeightSwapGate
     model_setup_s: float
+    runners: RunnerPool
 
 
 class RunnerWatch:
@@ -387,6 +394,29 @@ class RunnerWatch:
         self._watcher.cancel()
 
 
+RUNNER_STOP_S = 10.0
+"""How long stopping the runners waits for each to finish its in-flight attempts before terminating it (seconds)."""
+
+RUNNER_STOP_ON_CANCEL_S = 0.2
+"""The same when the job was cancelled (Ctrl-C): its rollouts are cancelled in the store, so their attempts are
+not waited for (seconds, for all runners together)."""
+
+
+def stop_runners(pool: RunnerPool, grace_s: float) -> None:
+    """Ask every runner process of ``pool`` to stop, wait up to ``grace_s`` seconds for all of them together, then
+    terminate (SIGTERM) those still running (an attempt's child process dies with its runner)."""
+    pool.stop_event.set()
+    deadline = time.monotonic() + grace_s
+    for process in pool.processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+    for process in pool.processes:
+        if process.is_alive():
+            logger.info("runner %s still busy after %.1f s; terminating it", process.name, grace_s)
+            process.terminate()
+    for process in pool.processes:
+        process.join(2.0)
+
+
 @asynccontextmanager
 async def local_serving(
     machine: LocalMachine,
@@ -421,8 +451,8 @@ async def local_serving(
         if loaded is not None:
             await loaded.backend.close()
         raise
-    if loaded is None:
-        loaded = machine.load_model(console)
+    if loaded is None:  # in a thread: the loop stays free, so a Ctrl-C during the load lands at once
+        loaded = await asyncio.to_thread(machine.load_model, console)
     backend = loaded.backend
     try:
         store = SqliteLightningStore(db_path)
@@ -437,15 +467,17 @@ async def local_serving(
                 machine.agent, url, n_processes=machine.runner_processes, concurrency=machine.runner_concurrency
             )
             watch = RunnerWatch(pool)
+            grace_s = RUNNER_STOP_S
             try:
-                yield LocalServing(store, backend, url, gate, loaded.setup_s)
+                yield LocalServing(store, backend, url, gate, loaded.setup_s, pool)
             except asyncio.CancelledError:
                 watch.raise_if_dead()
+                grace_s = RUNNER_STOP_ON_CANCEL_S  # a stop (Ctrl-C): in-flight attempts are not waited for
                 raise
             finally:
                 watch.close()
                 # In a thread: joining blocks, and the server on this loop must keep answering the runners.
-                await asyncio.to_thread(pool.stop)
+                await asyncio.to_thread(stop_runners, pool, grace_s)
     finally:
         await store.close()
         await backend.close()
@@ -545,8 +577,8 @@ async def local_training(
     LightningRL(grpo, agent_match=agent_match)  # bad names and patterns fail before the model loads
     load_agent(machine.agent)
     config = trainer_config if trainer_config is not None else TorchTrainerConfig()
-    loaded = machine.load_model(console)
-    try:
+
+    def build_policy(loaded: LoadedModel) -> tuple[Module, TorchPolicyTrainer]:
         t_policy = time.perf_counter()
         policy = attach_lora(copy.deepcopy(loaded.backend.model), config)
         updater = TorchPolicyTrainer(policy, config, pad_token_id=loaded.backend.pad_token_id)
@@ -554,6 +586,13 @@ async def local_training(
             updater.load_state(resume_from)
             load_weights(loaded.backend.model, merged_lora_weights(policy))
         loaded.setup_s += time.perf_counter() - t_policy
+        return policy, updater
+
+    # Both in a thread (tens of seconds on CPU): the loop stays free, so a Ctrl-C meanwhile lands at once (the
+    # thread is abandoned; the process exits without waiting for it, see agentbolt.cli.common.run_job).
+    loaded = await asyncio.to_thread(machine.load_model, console)
+    try:
+        policy, updater = await asyncio.to_thread(build_policy, loaded)
     except BaseException:
         await loaded.backend.close()
         raise
@@ -575,6 +614,8 @@ async def local_training(
             swap_gate=serving.gate,
         )
         try:
-            yield LocalTraining(trainer, serving.store, backend, serving.url, serving.model_setup_s, updater)
+            yield LocalTraining(
+                trainer, serving.store, backend, serving.url, serving.model_setup_s, updater, serving.runners
+            )
         finally:
             trainer.close()

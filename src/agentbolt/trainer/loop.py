@@ -42,7 +42,7 @@ from typing import Any, Protocol, TypeVar, cast
 from agentbolt.adapter.lightning_rl import FinishedRollout, LightningRL
 from agentbolt.adapter.samples import TrainingSample
 from agentbolt.adapter.staleness import StalenessReport
-from agentbolt.adapter.trajectory import accuracy_reward, is_correct
+from agentbolt.adapter.trajectory import accuracy_reward, has_named_reward, is_correct
 from agentbolt.algorithms.rl.ppo_gae import rollout_gae
 from agentbolt.config import GRPOConfig
 from agentbolt.errors import ConfigError
@@ -250,6 +250,9 @@ class RLTrainer:
         self._update_executor: ThreadPoolExecutor | None = None
         self.metric_listeners: list[Callable[[Sequence[Metric]], None]] = []
         """Called with every batch of metrics as it is recorded (e.g. experiment trackers); must not raise."""
+        self.accuracy_reward_missing: list[str] = []
+        """The labels of the evaluations (:meth:`evaluate`) in which ``accuracy_reward_name`` was set and no rollout
+        recorded a reward of that name."""
 
     async def on_update_thread(self, function: Callable[..., T], *args: Any) -> T:
         """Run ``function(*args)`` on the trainer's one update thread and return its result.
@@ -400,17 +403,26 @@ class RLTrainer:
                 return done
 
     async def accuracy_of(self, rollout: Rollout) -> float:
-        """1.0 when the rollout succeeded and its last attempt's accuracy reward is correct, else 0.0.
+        """1.0 when the rollout succeeded and its accuracy reward reaches ``success_threshold``, else 0.0.
 
         The accuracy reward is the reward named ``accuracy_reward_name`` when the attempt recorded one, else its
-        final reward (:func:`agentbolt.adapter.trajectory.accuracy_reward`); correct means at least 1.0
-        (:func:`agentbolt.adapter.trajectory.is_correct`), the rule prompt optimization's evaluation uses too.
+        final reward (:func:`agentbolt.adapter.trajectory.accuracy_reward`); a success means at least
+        ``success_threshold`` (:func:`agentbolt.adapter.trajectory.is_correct`), the rule prompt optimization's
+        evaluation uses too.
         """
-        if rollout.status is not RolloutStatus.SUCCEEDED:
-            return 0.0
+        score, _ = await self._score(rollout)
+        return score
+
+    async def _score(self, rollout: Rollout) -> tuple[float, bool]:
+        """:meth:`accuracy_of` and whether the rollout recorded the reward named ``accuracy_reward_name``
+        (:func:`agentbolt.adapter.trajectory.has_named_reward`)."""
         spans = await self.store.query_spans(rollout.rollout_id)
-        value = accuracy_reward(spans, self.config.accuracy_reward_name, rollout.final_reward)
-        return 1.0 if is_correct(value) else 0.0
+        name = self.config.accuracy_reward_name
+        named = has_named_reward(spans, name)
+        if rollout.status is not RolloutStatus.SUCCEEDED:
+            return 0.0, named
+        value = accuracy_reward(spans, name, rollout.final_reward)
+        return (1.0 if is_correct(value, self.config.success_threshold) else 0.0), named
 
     async def evaluate(
         self,
@@ -422,7 +434,9 @@ class RLTrainer:
         """Run every validation task once (greedy by default); return accuracy per set, in [0, 1].
 
         Also stores each as metric ``val_accuracy/<set name>`` at ``train_step`` = the last finished step (0 before
-        the first).
+        the first). When ``accuracy_reward_name`` is set and not one of the evaluation's rollouts recorded a reward
+        of that name (every rollout was then scored by its final reward), a warning says so and ``label`` is added
+        to :attr:`accuracy_reward_missing`.
         """
         resources_id = await self.publish_resources(temperature=self.config.eval_temperature, purpose=label)
         flat = [(name, task) for name, tasks in val_sets.items() for task in tasks]
@@ -434,8 +448,21 @@ class RLTrainer:
             metadata={"eval": label},
         )
         by_set: dict[str, list[float]] = {name: [] for name in val_sets}
+        any_named = False
         for (name, _), rollout in zip(flat, rollouts, strict=True):
-            by_set[name].append(await self.accuracy_of(rollout))
+            score, named = await self._score(rollout)
+            by_set[name].append(score)
+            any_named = any_named or named
+        if rollouts and not any_named:
+            self.accuracy_reward_missing.append(label)
+            logger.warning(
+                "evaluation %r: no validation rollout recorded a reward named %r (grpo.accuracy_reward_name), so "
+                "each was scored by its final reward; emit_reward(value, name=%r) in the agent, or set "
+                "grpo.accuracy_reward_name to null to score the final reward",
+                label,
+                self.config.accuracy_reward_name,
+                self.config.accuracy_reward_name,
+            )
         accuracy = {name: (statistics.fmean(v) if v else 0.0) for name, v in by_set.items()}
         now = time.time()
         await self.record_metrics(

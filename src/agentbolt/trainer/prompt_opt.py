@@ -79,7 +79,10 @@ class PromptOptConfig(_Config):
         train_size / val_size: tasks asked of the tasks module (``None``: all).
         eval_test: score the seed and the best candidate on ``load_test_tasks()`` at the end.
         agent_temperature / agent_max_tokens: sampling of the agent's LLM calls (the ``llm`` resource).
-        reward_name: which reward is the score (``None``: the final, unnamed one).
+        reward_name: which reward is the score (``None``: the final, unnamed one). When no rollout of the job
+            recorded a reward of that name, the job warns and ``summary.json`` says ``reward_name_missing: true``.
+        success_threshold: ``agentbolt eval`` counts a rollout correct when its score is at least this (unit:
+            reward; default 1.0), as ``grpo.success_threshold`` does for an RL job.
         max_attempts / rollout_timeout_s / rollout_unresponsive_s: per rollout (as in ``GRPOConfig``);
             infrastructure failures are retried by the store.
         runner_processes / runner_concurrency / max_batch_size / batch_wait_s / device: as in ``TrainConfig``.
@@ -104,6 +107,7 @@ class PromptOptConfig(_Config):
     agent_temperature: float = Field(default=0.0, ge=0.0)
     agent_max_tokens: int = Field(default=256, gt=0)
     reward_name: str | None = None
+    success_threshold: float = Field(default=1.0, allow_inf_nan=False)
     max_attempts: int = Field(default=2, ge=1)
     rollout_timeout_s: float = Field(default=600.0, gt=0)
     rollout_unresponsive_s: float = Field(default=DEFAULT_UNRESPONSIVE_S, gt=0)
@@ -417,10 +421,13 @@ async def _optimize(
         ],
         "best_prompts": best_prompts,
         "seed_prompts": seed_prompts,
+        "reward_name_missing": evaluator.reward_name_missing,
         "config": json.loads(config.model_dump_json()),
     }
     write_outputs(config.out_dir, summary, diff)
     print_result(console, summary, diff)
+    if evaluator.reward_name_missing:
+        console.print(missing_reward_warning(config.reward_name), markup=False, highlight=False)
     return summary
 
 
@@ -473,4 +480,12 @@ def print_result(console: Console, summary: Mapping[str, Any], diff: str) -> Non
         f"rollouts: {rollouts['optimization']} optimizing + {rollouts['test']} test  "
         f"optimizer calls: {summary['optimizer_calls']} ({summary['optimizer_cache_hits']} from cache)  "
         f"wall: {summary['wall_seconds']:.0f}s"
+    )
+
+
+def missing_reward_warning(reward_name: str | None) -> str:
+    """The warning printed when no rollout recorded the reward named ``reward_name``."""
+    return (
+        f"warning: no rollout recorded a reward named {reward_name!r} (reward_name), so every score is the final "
+        f"reward; emit_reward(value, name={reward_name!r}) in the agent, or set reward_name to null"
     )

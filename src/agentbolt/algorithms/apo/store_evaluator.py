@@ -24,7 +24,7 @@ from typing import Any
 
 from agentbolt import semconv
 from agentbolt.adapter.join import is_gateway_llm_span
-from agentbolt.adapter.trajectory import accuracy_reward
+from agentbolt.adapter.trajectory import accuracy_reward, has_named_reward
 from agentbolt.store.base import EnqueueRequest, LightningStore
 from agentbolt.types import Rollout, RolloutConfig, RolloutMode, RolloutStatus, Span
 
@@ -44,6 +44,12 @@ class StoreEvaluator:
         metadata: extra metadata on every rollout (``{"run_id": ...}``); ``task_id`` and ``candidate`` are added.
         poll_s: how long one wait on the store lasts before progress is reported again (seconds).
         on_enqueued / on_finished: progress hooks, called with the number of rollouts enqueued / newly terminal.
+
+    Attributes:
+        rollouts_read / named_reward_seen: rollouts read back so far, and how many of them recorded a reward named
+            ``reward_name`` (:func:`~agentbolt.adapter.trajectory.has_named_reward`); with a ``reward_name`` and
+            ``named_reward_seen == 0`` every score so far was the final reward, and the caller reports that the
+            named reward never appeared (:attr:`reward_name_missing`).
     """
 
     def __init__(
@@ -64,6 +70,14 @@ class StoreEvaluator:
         self.poll_s = poll_s
         self.on_enqueued = on_enqueued
         self.on_finished = on_finished
+        self.rollouts_read = 0
+        self.named_reward_seen = 0
+
+    @property
+    def reward_name_missing(self) -> bool:
+        """``True`` when ``reward_name`` is set, rollouts were read, and not one of them recorded a reward of that
+        name (they were scored by their final reward)."""
+        return bool(self.reward_name) and self.rollouts_read > 0 and self.named_reward_seen == 0
 
     async def __call__(
         self, candidate: Candidate, tasks: Sequence[TaskInput], *, mode: RolloutMode
@@ -87,6 +101,8 @@ class StoreEvaluator:
             self.on_enqueued(len(rollouts))
         finished = await self._wait([rollout.rollout_id for rollout in rollouts])
         spans = await asyncio.gather(*(self.store.query_spans(rollout.rollout_id) for rollout in finished))
+        self.rollouts_read += len(finished)
+        self.named_reward_seen += sum(has_named_reward(rollout_spans, self.reward_name) for rollout_spans in spans)
         return [
             task_result_from_spans(task_id_of(task), rollout, rollout_spans, reward_name=self.reward_name)
             for task, rollout, rollout_spans in zip(tasks, finished, spans, strict=True)
