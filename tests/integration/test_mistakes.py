@@ -73,6 +73,7 @@ def test_each_mistake_is_named_and_the_job_fails(tmp_path: Path, smollm2_dir: Pa
     assert "no trainable trajectory in 2 consecutive steps" in text
     assert "llm.endpoint" in text  # the hint of no_gateway_call
     assert "step 3:" not in text  # the job stopped after two empty steps
+    assert "2 LLM calls reached the server's root /v1/chat/completions" in text  # gateway_root, group of 2, a step
 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stopped_for_failures"] is True
@@ -84,6 +85,7 @@ def test_each_mistake_is_named_and_the_job_fails(tmp_path: Path, smollm2_dir: Pa
         "timeout": 4,
     }
     assert "str" in summary["failure_examples"]["bad_reward"]
+    assert summary["unscoped_gateway_calls"] == 4
 
     listed = subprocess.run(
         [sys.executable, "-m", "agentbolt.cli.main", "rollouts", "--store", str(out / "store.db"), "--json"],

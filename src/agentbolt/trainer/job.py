@@ -261,6 +261,9 @@ async def _run_job(
     def report(result: StepResult) -> None:
         watch.add(result)
         progress.console.print(step_line(result), markup=False, highlight=False)
+        unscoped = watch.unscoped_line()
+        if unscoped is not None:
+            progress.console.print(unscoped, markup=False, highlight=False)
 
     # What the job keeps across a resume (also in every checkpoint's job state).
     job: dict[str, Any] = {"steps": [], "val_before": {}, "eval_before_done": False, "timing_s": {}}
@@ -307,6 +310,7 @@ async def _run_job(
                 trackers.log(by_step[step], step)
 
         trainer.metric_listeners.append(to_trackers)
+        watch.unscoped_calls = local.unscoped_calls
         await store.add_resources(
             {},
             metadata={

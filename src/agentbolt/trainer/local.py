@@ -13,7 +13,7 @@ import asyncio
 import copy
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +51,7 @@ class LocalTraining:
             checkpoint's weights).
         runners: the runner processes (a stopping job ends them with :func:`stop_runners` before it cancels the
             rollouts they hold).
+        unscoped_calls: as in :class:`LocalServing`.
     """
 
     trainer: RLTrainer
@@ -60,6 +61,7 @@ class LocalTraining:
     model_setup_s: float
     updater: TorchPolicyTrainer
     runners: RunnerPool
+    unscoped_calls: Callable[[], int]
 
 
 class MachineSettings(Protocol):
@@ -338,6 +340,8 @@ class LocalServing:
         gate: the gateway's weight-swap gate.
         model_setup_s: seconds spent preparing and loading the model.
         runners: the runner processes.
+        unscoped_calls: how many LLM calls reached the server's root ``/v1/chat/completions`` so far (recorded
+            nowhere: an agent that ignored ``llm.endpoint``).
     """
 
     store: SqliteLightningStore
@@ -346,6 +350,7 @@ class LocalServing:
     gate: WeightSwapGate
     model_setup_s: float
     runners: RunnerPool
+    unscoped_calls: Callable[[], int]
 
 
 class RunnerWatch:
@@ -469,7 +474,9 @@ async def local_serving(
             watch = RunnerWatch(pool)
             grace_s = RUNNER_STOP_S
             try:
-                yield LocalServing(store, backend, url, gate, loaded.setup_s, pool)
+                yield LocalServing(
+                    store, backend, url, gate, loaded.setup_s, pool, lambda: int(app.state.unscoped_calls)
+                )
             except asyncio.CancelledError:
                 watch.raise_if_dead()
                 grace_s = RUNNER_STOP_ON_CANCEL_S  # a stop (Ctrl-C): in-flight attempts are not waited for
@@ -615,7 +622,14 @@ async def local_training(
         )
         try:
             yield LocalTraining(
-                trainer, serving.store, backend, serving.url, serving.model_setup_s, updater, serving.runners
+                trainer,
+                serving.store,
+                backend,
+                serving.url,
+                serving.model_setup_s,
+                updater,
+                serving.runners,
+                serving.unscoped_calls,
             )
         finally:
             trainer.close()

@@ -9,6 +9,7 @@ one example and what to do; the job's ``summary.json`` keeps the same counts.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +81,9 @@ class FailureWatch:
         causes / details: rollouts per cause over the run, and the first detail seen per cause.
         n_truncated / n_calls: trained calls cut at ``max_tokens``, and all trained calls, over the run.
         empty_streak: consecutive steps, up to the last one seen, without a trainable trajectory.
+        unscoped_calls: reads how many LLM calls have reached the server's root ``/v1/chat/completions`` so far
+            (recorded nowhere: an agent that ignored ``llm.endpoint``); ``None`` when the server is not in reach.
+        unscoped_total / unscoped_last_step: such calls over the run, and during the last step seen.
     """
 
     fail_after: int
@@ -89,9 +93,16 @@ class FailureWatch:
     n_calls: int = 0
     n_rollouts: int = 0
     empty_streak: int = 0
+    unscoped_calls: Callable[[], int] | None = None
+    unscoped_total: int = 0
+    unscoped_last_step: int = 0
 
     def add(self, result: StepResult) -> None:
-        """Count one step's figures."""
+        """Count one step's figures (and the unscoped calls made since the previous step)."""
+        if self.unscoped_calls is not None:
+            now = self.unscoped_calls()
+            self.unscoped_last_step = now - self.unscoped_total
+            self.unscoped_total = now
         for cause, n in result.causes.items():
             self.causes[cause] = self.causes.get(cause, 0) + n
         for cause, detail in result.cause_details.items():
@@ -114,7 +125,17 @@ class FailureWatch:
             "truncated_calls": self.n_truncated,
             "trained_calls": self.n_calls,
             "stopped_for_failures": self.tripped,
+            "unscoped_gateway_calls": self.unscoped_total,
         }
+
+    def unscoped_line(self) -> str | None:
+        """A warning line when LLM calls reached the server's root during the last step, else ``None``."""
+        if not self.unscoped_last_step:
+            return None
+        return (
+            f"  {self.unscoped_last_step} LLM calls reached the server's root /v1/chat/completions (no rollout in the "
+            "URL): they are recorded nowhere and train nothing; the agent's client must use base_url=llm.endpoint"
+        )
 
     def report(self, store: str = "sqlite:///OUT/store.db") -> str:
         """A one-screen summary of the causes: count, an example and what to do, most frequent first; ``store``
@@ -129,6 +150,8 @@ class FailureWatch:
             hint = HINTS.get(cause)
             if hint and hint not in detail:
                 lines.append(f"      -> {hint}")
+        if self.unscoped_total:
+            lines.append(f"  {self.unscoped_total} LLM calls reached the server's root instead of llm.endpoint")
         if not self.causes:
             lines.append("  (no rollout failed: every rollout was left out by agent_match or had no trainable call)")
         lines.append(f"see them with: agentbolt rollouts --store {store}")
