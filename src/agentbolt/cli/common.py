@@ -89,7 +89,8 @@ def run_job(job: Coroutine[Any, Any, Any], *, on_stop: str | None = None) -> Non
             if not stopped:
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
-        exit_stopped()  # stopped by a signal
+        if stopped:
+            exit_stopped()  # stopped by a signal
 
     asyncio.run(main())
 
