@@ -38,12 +38,25 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 
 
+HOLD_ENV, HOLD_AFTER_ENV = "AGENTBOLT_TEST_HOLD", "AGENTBOLT_TEST_HOLD_AFTER"
+
+
+def _hold_if_asked() -> None:
+    """Wait (at most 5 minutes) while the file named by $AGENTBOLT_TEST_HOLD exists, once the file named by
+    $AGENTBOLT_TEST_HOLD_AFTER exists: the SIGKILL test holds the rollouts of step 2 until it has killed the job."""
+    hold, after = os.environ.get(HOLD_ENV), os.environ.get(HOLD_AFTER_ENV)
+    deadline = time.monotonic() + 300
+    while hold and after and os.path.exists(hold) and os.path.exists(after) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 @rollout
 def length_agent(task: dict, llm: LLM) -> float:
     """One chat call; the reward is the answer's length in characters modulo 5, over 4 (in [0, 1]): any two
     answers of different lengths most likely differ in reward."""
     from openai import OpenAI
 
+    _hold_if_asked()
     client = OpenAI(base_url=llm.endpoint, api_key="x", max_retries=0)
     try:
         reply = client.chat.completions.create(
@@ -136,10 +149,12 @@ def test_sigkill_mid_step_then_resume(tmp_path: Path, smollm2_dir: Path, monkeyp
     config_path.write_text(CONFIG)
     out = tmp_path / "run"
     db = out / "store.db"
-    env = {**os.environ, "AGENTBOLT_CACHE": str(cache)}
+    step1 = out / "checkpoints" / "step-1" / "checkpoint.json"
+    hold = tmp_path / "hold"  # the rollouts of step 2 wait while it exists: the job is surely killed mid-step 2
+    hold.touch()
+    env = {**os.environ, "AGENTBOLT_CACHE": str(cache), HOLD_ENV: str(hold), HOLD_AFTER_ENV: str(step1)}
     proc = _start_train(config_path, out, env)
     try:
-        step1 = out / "checkpoints" / "step-1" / "checkpoint.json"
         _wait_for(step1.is_file, 240, proc, "checkpoint step-1")
         # A second job on the same --out (a resume while the run is alive) is refused before it touches anything.
         second = subprocess.run(
@@ -171,6 +186,7 @@ def test_sigkill_mid_step_then_resume(tmp_path: Path, smollm2_dir: Path, monkeyp
     finally:
         if proc.poll() is None:
             proc.kill()
+        hold.unlink()
     assert proc.returncode == -signal.SIGKILL
     assert not (out / "checkpoints" / "step-2").exists()
     open_before = _rows(db, "SELECT COUNT(*) FROM rollouts WHERE status NOT IN ('succeeded', 'failed', 'cancelled')")
