@@ -2,7 +2,7 @@
 
 ``task["kind"]`` picks the way: ``sleep`` (a sync agent asleep forever), ``regex`` (a sync agent stuck in a C call
 that holds the GIL: catastrophic backtracking in ``re``), ``tool`` (a sync agent whose tool waits forever on a socket
-that never answers), ``async`` (an async agent awaiting forever); ``quick`` returns 1.0 at once.
+that never answers), ``async`` (an async agent awaiting forever); ``quick`` returns 1.0 at once, ``slow`` after 4 s.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ def hang_sync(task: dict[str, Any]) -> float:
         re.match(r"(a+)+$", "a" * 64 + "b")  # exponential: holds the GIL for far longer than any test
     elif kind == "tool":
         lookup("2 + 2")
+    elif kind == "slow":
+        time.sleep(4)
     return 1.0
 
 

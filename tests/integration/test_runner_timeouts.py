@@ -8,6 +8,7 @@ import asyncio
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -141,5 +142,40 @@ def test_a_rollout_without_a_config_ends_when_its_runner_dies() -> None:
     finally:
         if pool is not None:
             pool.stop(timeout_s=2)
+        serve.terminate()
+        serve.wait(10)
+
+
+def test_a_runner_outlives_a_server_restart_and_reports_across_it(tmp_path: Path) -> None:
+    """The server is SIGKILLed while an agent runs and restarted on the same file and port: the runner keeps going,
+    reports the attempt's success once the server is back (not as the agent's failure), and claims the next one."""
+    db = tmp_path / "store.db"
+    serve, url = start_serve("--store", f"sqlite:///{db}", "--create", "--port", "0")
+    port = url.rsplit(":", 1)[1]
+    pool = start_runner_processes(  # two slots: the idle one keeps claiming while the server is down
+        "tests.integration.hanging_agents:hang_sync", url, n_processes=1, concurrency=2, instrument=False
+    )
+    try:
+        first = httpx.post(f"{url}/v1/rollouts", json={"input": {"kind": "slow"}}, timeout=10).json()["rollout_id"]
+        deadline = time.monotonic() + 60
+        while httpx.get(f"{url}/v1/rollouts/{first}", timeout=10).json()["status"] != "running":
+            assert time.monotonic() < deadline, "no runner started the rollout"
+            time.sleep(0.1)
+        serve.kill()  # mid-attempt: the agent sleeps 4 s
+        serve.wait(10)
+        time.sleep(1.0)
+        serve, url = start_serve("--store", f"sqlite:///{db}", "--port", port)
+        second = httpx.post(f"{url}/v1/rollouts", json={"input": {"kind": "quick"}}, timeout=10).json()["rollout_id"]
+        deadline = time.monotonic() + 60
+        while True:
+            rollouts = [httpx.get(f"{url}/v1/rollouts/{rid}", timeout=10).json() for rid in (first, second)]
+            if all(r["status"] in ("succeeded", "failed", "cancelled") for r in rollouts):
+                break
+            assert time.monotonic() < deadline, rollouts
+            time.sleep(0.2)
+        assert [(r["status"], r["final_reward"]) for r in rollouts] == [("succeeded", 1.0), ("succeeded", 1.0)]
+        assert pool.alive() == 1  # the runner never exited
+    finally:
+        pool.stop(timeout_s=5)
         serve.terminate()
         serve.wait(10)

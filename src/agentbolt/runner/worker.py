@@ -32,14 +32,14 @@ import traceback
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from agentbolt.adapter import last_reward
 from agentbolt.adapter.causes import AGENT_EXCEPTION, BAD_REWARD, NO_REWARD
 from agentbolt.client import HttpLightningStore
-from agentbolt.errors import ConfigError, InvalidTransitionError, RewardError
+from agentbolt.errors import BackendError, ConfigError, InvalidTransitionError, RewardError
 from agentbolt.runner.agent import LitAgent
 from agentbolt.runner.isolation import (
     AgentTimeout,
@@ -61,6 +61,8 @@ from agentbolt.types import LLM, AttemptedRollout, AttemptStatus, Resource, Span
 from agentbolt.types.rewards import returned_reward
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -88,6 +90,14 @@ class _Slot:
     """One concurrent rollout slot: the attempt it runs now (for heartbeats)."""
 
     attempt: tuple[str, str] | None = None
+
+
+SERVER_RETRY_MAX_S = 2.0
+"""Longest wait between two tries while the server cannot be reached (a runner outlives a server restart)."""
+
+REPORT_RETRY_S = 30.0
+"""How long a runner retries an attempt's store calls while the server cannot be reached, when the rollout has no
+lease (``unresponsive_seconds``); with one, it retries for the lease."""
 
 
 NO_REWARD_ERROR: dict[str, Any] = {
@@ -250,8 +260,19 @@ class Runner:
                 logger.warning("heartbeat failed: %r", exc)
 
     async def _slot_loop(self, slot: _Slot, stopped: Callable[[], bool]) -> None:
+        backoff_s = 0.0
         while not stopped():
-            claimed = await self.store.claim_rollout(self.worker_id)
+            try:
+                claimed = await self.store.claim_rollout(self.worker_id)
+            except BackendError as exc:  # the server is down or restarting: wait for it, do not exit
+                if backoff_s == 0.0:
+                    logger.warning("runner %s cannot claim, retrying until the server answers: %s", self.worker_id, exc)
+                backoff_s = min(max(2 * backoff_s, self.poll_interval_s, 0.1), SERVER_RETRY_MAX_S)
+                await asyncio.sleep(backoff_s)
+                continue
+            if backoff_s:
+                logger.warning("runner %s reaches the server again", self.worker_id)
+                backoff_s = 0.0
             if claimed is None:
                 await asyncio.sleep(self.poll_interval_s)
                 continue
@@ -287,8 +308,11 @@ class Runner:
             elapsed = min(max(0.0, time.time() - (attempt.start_time or time.time())), rollout.config.timeout_seconds)
             deadline = time.monotonic() + rollout.config.timeout_seconds - elapsed
         try:
-            resources = await self._resources(claimed)
-            await self.store.update_attempt(rollout.rollout_id, attempt.attempt_id, AttemptStatus.RUNNING)
+            resources = await self._retrying(claimed, lambda: self._resources(claimed))
+            await self._retrying(
+                claimed,
+                lambda: self.store.update_attempt(rollout.rollout_id, attempt.attempt_id, AttemptStatus.RUNNING),
+            )
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             returned = await self._call_agent(ctx, rollout.input, resources, claimed, left)
             reward = returned_reward(returned)  # RewardError (a bad_reward failure) for a string, NaN, an object
@@ -303,9 +327,19 @@ class Runner:
                 self.stats.failed += 1
                 logger.warning("attempt %s: %s", attempt.attempt_id, NO_REWARD_ERROR["message"])
                 return
-            await self.store.update_attempt(
-                rollout.rollout_id, attempt.attempt_id, AttemptStatus.SUCCEEDED, final_reward=reward
-            )
+            try:
+                await self._retrying(
+                    claimed,
+                    lambda: self.store.update_attempt(
+                        rollout.rollout_id, attempt.attempt_id, AttemptStatus.SUCCEEDED, final_reward=reward
+                    ),
+                )
+            except BackendError as exc:  # the server stayed unreachable: not the agent's failure; the lease ends it
+                logger.warning("could not report the success of %s: %r", attempt.attempt_id, exc)
+                return
+            except InvalidTransitionError as exc:  # ended meanwhile (its lease, a cancel, or a retried report)
+                logger.info("the success of %s was not recorded: %s", attempt.attempt_id, exc)
+                return
             self.stats.succeeded += 1
         except AgentTimeout as exc:
             with attempt_scope(ctx):
@@ -333,10 +367,33 @@ class Runner:
         finally:
             slot.attempt = None
 
+    async def _retrying(self, claimed: AttemptedRollout, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()``, tried again while the server cannot be reached (``BackendError``: a restart), for at most the
+        attempt's lease (``unresponsive_seconds``, else :data:`REPORT_RETRY_S`); then the last error is raised.
+
+        So a server restart during an attempt neither loses its result nor names it the agent's failure. A retried
+        write that had gone through before the connection broke is refused as a conflict, as a late write would be.
+        """
+        window_s = claimed.rollout.config.unresponsive_seconds or REPORT_RETRY_S
+        deadline = time.monotonic() + window_s
+        backoff_s = 0.2
+        while True:
+            try:
+                return await call()
+            except BackendError as exc:
+                if time.monotonic() + backoff_s > deadline:
+                    raise
+                logger.warning("store call of attempt %s failed, retrying: %r", claimed.attempt.attempt_id, exc)
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(2 * backoff_s, SERVER_RETRY_MAX_S)
+
     async def _report_end(self, claimed: AttemptedRollout, status: AttemptStatus, error: dict[str, Any]) -> None:
         """Report a failed or timed-out attempt; a refusal (e.g. the store already expired it) is only logged."""
+        rollout_id, attempt_id = claimed.rollout.rollout_id, claimed.attempt.attempt_id
         try:
-            await self.store.update_attempt(claimed.rollout.rollout_id, claimed.attempt.attempt_id, status, error=error)
+            await self._retrying(
+                claimed, lambda: self.store.update_attempt(rollout_id, attempt_id, status, error=error)
+            )
         except InvalidTransitionError as report_exc:  # the store ended it first (its own lease check, a cancel)
             logger.info("%s of %s not reported: %s", status.value, claimed.attempt.attempt_id, report_exc)
         except Exception as report_exc:

@@ -336,7 +336,15 @@ def expire(rollout: Rollout, attempt: Attempt, *, is_latest: bool, now: float) -
         return None
     if is_terminal(rollout):
         is_latest = False
-    error = {"type": status.value, "message": f"lease of attempt {attempt.attempt_id} expired ({status.value})"}
+    config = rollout.config
+    if status is AttemptStatus.TIMEOUT:
+        message = f"the attempt ran past its timeout_seconds ({config.timeout_seconds:g} s); the store ended it"
+    else:
+        message = (
+            f"no heartbeat, span or gateway call for unresponsive_seconds ({config.unresponsive_seconds:g} s): its "
+            "runner stopped (died, or was killed); the store ended it"
+        )
+    error = {"type": status.value, "cause": status.value, "message": message}
     return update_attempt(rollout, attempt, status, is_latest=is_latest, now=now, error=error)
 
 
