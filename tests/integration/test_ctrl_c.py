@@ -160,3 +160,5 @@ def test_ctrl_c_while_the_model_loads(tmp_path: Path, smollm2_dir: Path) -> None
     assert elapsed < STOP_LIMIT_S, (elapsed, process.text)
     assert not (out / "store.db").exists(), process.text  # stopped before the store (made after the load) existed
     assert "stopped by a signal" in process.text
+    assert "nothing was run yet: start it again with the same command" in process.text  # no --resume of nothing
+    assert "--resume" not in process.text

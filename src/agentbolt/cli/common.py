@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from types import FrameType
 from typing import Any, NoReturn
 
@@ -30,7 +30,7 @@ STOP_DEADLINE_S = 1.5
 """After the first signal the process exits within this long (seconds), even if the job's teardown is not done."""
 
 
-def run_job(job: Coroutine[Any, Any, Any], *, on_stop: str | None = None) -> None:
+def run_job(job: Coroutine[Any, Any, Any], *, on_stop: str | Callable[[], str] | None = None) -> None:
     """Run a long job (``train``, ``demo``, ``eval``) until it ends or SIGINT/SIGTERM arrives.
 
     The first signal cancels the job. The job never blocks the event loop for long (a model load or an update runs
@@ -40,9 +40,9 @@ def run_job(job: Coroutine[Any, Any, Any], *, on_stop: str | None = None) -> Non
     :data:`SIGNAL_EXIT_CODE` through ``os._exit`` as soon as the job has stopped, and at the latest
     :data:`STOP_DEADLINE_S` after the signal: the rest of a teardown that takes longer (a generation batch the
     server waits for) and any thread still busy (a model still loading, an update inside torch, which cannot be
-    interrupted) are abandoned, not waited for; the store's committed writes are on disk by then. ``on_stop`` is
-    printed on the way out (e.g. the command that resumes the run). A second signal exits at once, whatever the
-    job is doing. No traceback is printed.
+    interrupted) are abandoned, not waited for; the store's committed writes are on disk by then. ``on_stop`` (a
+    string, or a function called then) is printed on the way out (e.g. the command that resumes the run). A second
+    signal exits at once, whatever the job is doing. No traceback is printed.
     """
     exiting = threading.Lock()
 
@@ -52,8 +52,9 @@ def run_job(job: Coroutine[Any, Any, Any], *, on_stop: str | None = None) -> Non
             if note:
                 console.print(note)
             console.print("stopped by a signal; the store keeps every rollout and span recorded so far")
-            if on_stop:
-                console.print(on_stop)
+            note_after = on_stop() if callable(on_stop) else on_stop
+            if note_after:
+                console.print(note_after)
             sys.stdout.flush()
             sys.stderr.flush()
             _finish_multiprocessing()

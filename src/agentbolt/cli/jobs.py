@@ -84,7 +84,14 @@ def train(
             resume_command = shlex.join(
                 ["agentbolt", "train", str(config), "--out", str(job.out_dir), *sets, "--resume"]
             )
-            run_job(run_training(job, console), on_stop=f"continue it from its last checkpoint: {resume_command}")
+            store_file = job.out_dir / "store.db"
+
+            def on_stop() -> str:  # stopped before the store existed (e.g. while the model loaded): nothing to resume
+                if store_file.exists():
+                    return f"continue it from its last checkpoint: {resume_command}"
+                return "nothing was run yet: start it again with the same command"
+
+            run_job(run_training(job, console), on_stop=on_stop)
         else:
             run_job(run_prompt_optimization(job, console))
     except (AgentboltError, ValidationError) as exc:
