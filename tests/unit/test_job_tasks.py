@@ -81,3 +81,16 @@ def test_a_bad_validation_task_of_a_module_is_named(tmp_path: Path, monkeypatch:
         ConfigError, match=r"tasks module 'bad_val_tasks_mod' load_val_sets\(\) set 'easy': item 1 is an int"
     ):
         load_task_sets(TrainConfig(tasks="bad_val_tasks_mod"))
+
+
+def test_eval_of_a_checkpoint_reads_the_val_tasks_file_of_the_job(tmp_path: Path) -> None:
+    from agentbolt.trainer.checkpoint_eval import checkpoint_split_sets
+
+    train, val = tmp_path / "train.jsonl", tmp_path / "held_out.jsonl"
+    train.write_text('{"q": 1}\n')
+    val.write_text('{"q": 10}\n{"q": 11}\n{"q": 12}\n')
+    config = TrainConfig(tasks=str(train), val_tasks=str(val), val_size=2)
+    assert checkpoint_split_sets(config, "val") == {"held_out": [{"q": 10}, {"q": 11}]}  # as the train job reads it
+    without = TrainConfig(tasks=str(train))
+    with pytest.raises(ConfigError, match="val_tasks: FILE.jsonl"):
+        checkpoint_split_sets(without, "val")

@@ -39,19 +39,24 @@ EVAL_FILE = "eval.json"
 
 
 def checkpoint_split_sets(config: TrainConfig, split: str) -> dict[str, list[dict[str, Any]]]:
-    """The task sets of ``split`` for an RL config: ``val``, ``load_val_sets(val_size)``; ``test``,
-    ``{"test": load_test_tasks()}``.
+    """The task sets of ``split`` for an RL config: ``val``, the ``val_tasks`` file when the config names one, else
+    ``load_val_sets(val_size)``; ``test``, ``{"test": load_test_tasks()}``.
 
     Raises:
         ConfigError: an unknown split, ``val_size`` 0, a tasks module without ``load_test_tasks``, or no task.
     """
-    from agentbolt.trainer.job_config import load_tasks_module
+    from agentbolt.trainer.job_config import check_tasks, load_tasks_module, read_tasks_file
 
     module = load_tasks_module(config.tasks)
     if split == "val":
         if config.val_size == 0:
             raise ConfigError("val_size is 0, so the config has no validation tasks; pass --set val_size=8")
-        sets = dict(module.load_val_sets(n_per_set=config.val_size))
+        if config.val_tasks is not None:  # a JSON Lines file of validation tasks, as the train job reads it
+            path = Path(config.val_tasks)
+            sets = {path.stem: read_tasks_file(path)[: config.val_size]}
+        else:
+            found = module.load_val_sets(n_per_set=config.val_size)
+            sets = {str(name): check_tasks(tasks, f"{config.tasks} set {name!r}") for name, tasks in found.items()}
     elif split == "test":
         if not callable(getattr(module, "load_test_tasks", None)):
             raise ConfigError(f"tasks module {config.tasks!r} has no load_test_tasks(); use --split val")
@@ -59,7 +64,12 @@ def checkpoint_split_sets(config: TrainConfig, split: str) -> dict[str, list[dic
     else:
         raise ConfigError(f"split must be val or test, got {split!r}")
     if not any(sets.values()):
-        raise ConfigError(f"the {split} split of {config.tasks!r} has no task")
+        hint = (
+            "; give the validation tasks with val_tasks: FILE.jsonl"
+            if split == "val" and config.val_tasks is None
+            else ""
+        )
+        raise ConfigError(f"the {split} split of {config.tasks!r} has no task{hint}")
     return sets
 
 
