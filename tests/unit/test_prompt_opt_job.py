@@ -290,3 +290,32 @@ def test_apo_through_the_store_and_a_real_runner(tmp_path: Path) -> None:
         await store.close()
 
     asyncio.run(scenario())
+
+
+def bad_val_sets(n_per_set: int | None = None) -> dict[str, list[Any]]:
+    """A tasks module's validation sets with a row that is not a task (for the check below)."""
+    return {"val": [{"task_id": "v0"}, "not a task"]}
+
+
+def test_a_prompt_job_checks_every_task_before_anything_runs(tmp_path: Path) -> None:
+    from agentbolt.trainer.prompt_opt import check_job_inputs
+
+    module = tmp_path / "bad_prompt_tasks.py"
+    module.write_text(
+        "from tests.unit.test_prompt_opt_job import bad_val_sets as load_val_sets\n"
+        "def load_train_tasks(size=8):\n    return [{'task_id': 't0'}]\n"
+    )
+    job = load_job_config(
+        REPO / "examples/room_agent/config.yaml",
+        [f"out_dir={tmp_path / 'out'}", "model=smollm2-135m", f"tasks={module.stem}"],
+    )
+    import sys
+
+    sys.path.insert(0, str(tmp_path))
+    try:
+        with pytest.raises(ConfigError, match=r"load_val_sets\(\) set 'val': item 1 is a string"):
+            check_job_inputs(job)  # type: ignore[arg-type]
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop(module.stem, None)
+    assert not (tmp_path / "out").exists()

@@ -152,12 +152,12 @@ def check_job_inputs(
 
     Raises:
         ConfigError: unknown model (agent or optimizer) or device, tasks module, agent or seed prompts that do not load,
-            no training or validation tasks.
+            a task that is not a JSON object (module, function and index named), no training or validation tasks.
         BackendError: a model that is neither prepared nor installed (the message gives the pip command).
     """
     from agentbolt.inference.model_files import check_model_available
     from agentbolt.runner.processes import load_agent
-    from agentbolt.trainer.job_config import check_device, load_tasks_module
+    from agentbolt.trainer.job_config import check_device, check_tasks, load_tasks_module
 
     optimizer_model = config.optimizer_model if config.optimizer.base_url is None else None
     for model in (config.model, optimizer_model):
@@ -167,11 +167,16 @@ def check_job_inputs(
     tasks_mod = load_tasks_module(config.tasks)
     load_agent(config.agent)  # an agent that does not import fails here, before --overwrite removes a store
     seed_prompts = resolve_seed_prompts(config)
-    train_tasks = list(tasks_mod.load_train_tasks(size=config.train_size))
-    val_tasks = list(next(iter(tasks_mod.load_val_sets(n_per_set=config.val_size).values()), []))
+    source = config.tasks
+    train_tasks = check_tasks(tasks_mod.load_train_tasks(size=config.train_size), f"{source} load_train_tasks()")
+    val_sets = tasks_mod.load_val_sets(n_per_set=config.val_size)
+    if not isinstance(val_sets, dict):
+        raise ConfigError(f"{source} load_val_sets() returned {type(val_sets).__name__}, not a dict of set -> tasks")
+    first_set = next(iter(val_sets.items()), None)
+    val_tasks = [] if first_set is None else check_tasks(first_set[1], f"{source} load_val_sets() set {first_set[0]!r}")
     test_tasks: list[dict[str, Any]] = []
     if config.eval_test and callable(getattr(tasks_mod, "load_test_tasks", None)):
-        test_tasks = list(tasks_mod.load_test_tasks())
+        test_tasks = check_tasks(tasks_mod.load_test_tasks(), f"{source} load_test_tasks()")
     if not train_tasks or not val_tasks:
         raise ConfigError(
             f"{config.tasks} gave {len(train_tasks)} training and {len(val_tasks)} validation tasks; both are needed"
