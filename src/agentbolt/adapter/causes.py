@@ -15,7 +15,9 @@ cause                         meaning
 ``agent_exception``           the agent raised (the detail names the exception type and message)
 ``bad_reward``                the agent returned something that is not a reward (a string, NaN, an object)
 ``no_reward``                 the agent returned ``None`` and emitted no final reward
-``bad_task``                  the agent could not start on the task or its resources (a setup error)
+``bad_task``                  the agent could not be started on the task: it asks for a resource its version
+                              lacks (a task that is not a JSON object never gets here: the job refuses it
+                              before it starts, naming the file and line)
 ``no_gateway_call``           the agent gave a reward but made no LLM call through its ``llm.endpoint``
 ``no_trainable_call``         the agent called the gateway, but no call is trainable (every call failed, or the
                               backend returns no token ids)
@@ -84,7 +86,7 @@ HINTS: Final[dict[str, str]] = {
     AGENT_EXCEPTION: "the agent raised: fix the error shown, try it with agentbolt.trace_attempt",
     BAD_REWARD: "return a number or a bool; convert text where its meaning is known (float(text))",
     NO_REWARD: "return a number (the reward), or call agentbolt.emit_reward(value) before returning",
-    BAD_TASK: "the agent could not start on the task or its resources",
+    BAD_TASK: "the agent's parameters must be the task, then resources by name (llm, ...), rollout or resources",
     NO_GATEWAY_CALL: "point the agent's client at llm.endpoint (base_url=llm.endpoint), not at the server root",
     NO_TRAINABLE_CALL: "every LLM call failed or returned no token ids; see the spans of a rollout",
 }

@@ -44,6 +44,11 @@ class LitAgent:
         return inspect.iscoroutinefunction(self.rollout)
 
 
+class AgentSetupError(ConfigError):
+    """The agent could not be started on a task: a parameter it asks for is not a resource of the version it got.
+    A runner reports the attempt failed with cause ``bad_task`` (:mod:`agentbolt.adapter.causes`)."""
+
+
 class FunctionAgent(LitAgent):
     """A :class:`LitAgent` made from a plain function by :func:`rollout`."""
 
@@ -65,7 +70,7 @@ class FunctionAgent(LitAgent):
             elif pname in resources:
                 kwargs[pname] = resources[pname]
             elif self._params[pname].default is inspect.Parameter.empty:
-                raise ConfigError(
+                raise AgentSetupError(
                     f"agent {self.name} needs resource '{pname}', but the resources version only has "
                     f"{sorted(resources)}; add it with store.add_resources or rename the parameter"
                 )

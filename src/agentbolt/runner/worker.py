@@ -37,10 +37,10 @@ from typing import Any, TypeVar
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from agentbolt.adapter import last_reward
-from agentbolt.adapter.causes import AGENT_EXCEPTION, BAD_REWARD, NO_REWARD
+from agentbolt.adapter.causes import AGENT_EXCEPTION, BAD_REWARD, BAD_TASK, NO_REWARD
 from agentbolt.client import HttpLightningStore
 from agentbolt.errors import BackendError, ConfigError, InvalidTransitionError, RewardError
-from agentbolt.runner.agent import LitAgent
+from agentbolt.runner.agent import AgentSetupError, LitAgent
 from agentbolt.runner.isolation import (
     AgentTimeout,
     Isolation,
@@ -107,6 +107,15 @@ NO_REWARD_ERROR: dict[str, Any] = {
     "agentbolt.emit_reward(value) before returning",
 }
 """The error of an attempt whose agent gave no final reward (reported ``failed``)."""
+
+
+def _cause_of(exc: BaseException, type_name: str) -> str:
+    """The failure cause of an attempt that ended with ``exc`` (for a child's error, its type's name)."""
+    if isinstance(exc, RewardError):
+        return BAD_REWARD
+    if isinstance(exc, AgentSetupError) or type_name == AgentSetupError.__name__:
+        return BAD_TASK
+    return AGENT_EXCEPTION
 
 
 def final_reward_of(ctx: AttemptContext, returned: Any) -> float | None:
@@ -193,6 +202,7 @@ class Runner:
         self._export_lock: asyncio.Lock | None = None  # made on the loop that first needs it
         self._frameworks: list[str] = []
         self._slots = [_Slot() for _ in range(concurrency)]
+        self._logged_failures: set[tuple[str, str]] = set()
 
     async def run(self, stop: asyncio.Event | Callable[[], bool] | None = None) -> RunnerStats:
         """Run until ``stop`` is set (an ``asyncio.Event`` or a callable returning True), then :meth:`close`.
@@ -325,7 +335,7 @@ class Runner:
             if reward is None:
                 await self._report_end(claimed, AttemptStatus.FAILED, NO_REWARD_ERROR)
                 self.stats.failed += 1
-                logger.warning("attempt %s: %s", attempt.attempt_id, NO_REWARD_ERROR["message"])
+                self._log_failure(attempt.attempt_id, NO_REWARD, NO_REWARD, NO_REWARD_ERROR["message"])
                 return
             try:
                 await self._retrying(
@@ -347,7 +357,7 @@ class Runner:
             await self._finish_spans(ctx, export)
             await self._report_end(claimed, AttemptStatus.TIMEOUT, timeout_error(exc, self.worker_id))
             self.stats.timed_out += 1
-            logger.warning("attempt %s: %s", attempt.attempt_id, exc)
+            self._log_failure(attempt.attempt_id, "timeout", "timeout", str(exc))
         except Exception as exc:
             if isinstance(exc, RemoteAgentError):  # the child recorded the exception span itself
                 error = {"type": exc.type_name, "message": exc.message, "traceback": exc.traceback_text}
@@ -359,13 +369,28 @@ class Runner:
                     "message": describe_exception(exc),
                     "traceback": traceback.format_exc(),
                 }
-            error["cause"] = BAD_REWARD if isinstance(exc, RewardError) else AGENT_EXCEPTION
+            error["cause"] = _cause_of(exc, error["type"])
             await self._finish_spans(ctx, export)
             await self._report_end(claimed, AttemptStatus.FAILED, error)
             self.stats.failed += 1
-            logger.warning("attempt %s failed: %s: %s", attempt.attempt_id, error["type"], error["message"])
+            self._log_failure(attempt.attempt_id, error["cause"], error["type"], f"{error['type']}: {error['message']}")
         finally:
             slot.attempt = None
+
+    def _log_failure(self, attempt_id: str, cause: str, kind: str, message: str) -> None:
+        """Log a failed attempt: the first of each (cause, type) as a warning, the others at debug level (a job's
+        step line counts them all, so the terminal is not flooded)."""
+        if (cause, kind) in self._logged_failures:
+            logger.debug("attempt %s failed (%s): %s", attempt_id, cause, message)
+            return
+        self._logged_failures.add((cause, kind))
+        logger.warning(
+            "attempt %s failed (%s): %s [further %s failures of this runner are logged at debug level]",
+            attempt_id,
+            cause,
+            message,
+            cause,
+        )
 
     async def _retrying(self, claimed: AttemptedRollout, call: Callable[[], Awaitable[T]]) -> T:
         """``call()``, tried again while the server cannot be reached (``BackendError``: a restart), for at most the
