@@ -94,3 +94,25 @@ def test_eval_of_a_checkpoint_reads_the_val_tasks_file_of_the_job(tmp_path: Path
     without = TrainConfig(tasks=str(train))
     with pytest.raises(ConfigError, match="val_tasks: FILE.jsonl"):
         checkpoint_split_sets(without, "val")
+
+
+def test_a_tasks_file_job_finds_its_agent_module_in_the_current_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a new-user pass: with `tasks: train.jsonl`, `agent: myagent.agent:fn` did not import from the folder
+    the user ran `agentbolt train` in (the console script does not put it on sys.path; only a tasks module did)."""
+    from agentbolt.runner.processes import load_agent
+    from agentbolt.trainer.job_config import load_tasks_module
+
+    (tmp_path / "myagent_pkg").mkdir()
+    (tmp_path / "myagent_pkg" / "__init__.py").write_text("")
+    (tmp_path / "myagent_pkg" / "agent.py").write_text("def color_agent(task, llm):\n    return 1.0\n")
+    (tmp_path / "train.jsonl").write_text('{"q": 1}\n')
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    with pytest.raises(ConfigError, match="cannot import agent module"):
+        load_agent("myagent_pkg.agent:color_agent")
+    load_tasks_module("train.jsonl")
+    assert load_agent("myagent_pkg.agent:color_agent").name == "color_agent"
+    sys.modules.pop("myagent_pkg.agent", None)
+    sys.modules.pop("myagent_pkg", None)

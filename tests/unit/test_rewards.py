@@ -176,3 +176,14 @@ def test_reading_back_uses_the_same_rule() -> None:
         _span(semconv.SPAN_REWARD, **{semconv.REWARD_VALUE: "0.9"}),  # stored before the rule: not a reward
     ]
     assert last_reward(spans) == 1.0
+
+
+def test_numpy_scalars_are_rewards() -> None:
+    import numpy as np
+
+    from agentbolt.types.rewards import coerce_reward
+
+    assert coerce_reward(np.array([1.0, 0.0]).mean() >= 0.5, where="x") == 1.0  # numpy.bool_, a common reward
+    assert coerce_reward(np.bool_(False), where="x") == 0.0
+    assert coerce_reward(np.float32(0.25), where="x") == 0.25
+    assert coerce_reward(np.int64(3), where="x") == 3.0

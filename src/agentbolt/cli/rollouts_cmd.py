@@ -119,7 +119,8 @@ async def list_rollouts(
 def render_rows(rows: list[RolloutRow]) -> Table:
     """The rows as a table, with a caption counting the causes."""
     table = Table(show_lines=False, caption=_caption(rows))
-    for column in ("rollout", "status", "mode", "attempts", "reward", "cause", "detail"):
+    table.add_column("rollout", no_wrap=True, min_width=27)  # whole: the id is what `agentbolt inspect` takes
+    for column in ("status", "mode", "attempts", "reward", "cause", "detail"):
         table.add_column(column, overflow="fold" if column == "detail" else "ellipsis")
     for row in rows:
         reward = "" if row.final_reward is None else f"{row.final_reward:g}"

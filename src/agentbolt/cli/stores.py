@@ -1,9 +1,10 @@
 """Opening a store for the read-side commands (``agentbolt export``, ``agentbolt inspect``) and reading finished
 rollouts from it with a progress bar.
 
-The ``--store`` value is either a store file (a path to an existing SQLite file, or ``sqlite:///path.db``), the
-``http(s)://`` address of a running ``agentbolt serve`` (bearer token from ``--token`` / ``AGENTBOLT_TOKEN``), or a
-``postgresql://`` URL. A path that does not exist is refused instead of being created empty.
+The ``--store`` value is either a store file (a path to an existing SQLite file, or ``sqlite:///path.db``; a job's
+output folder stands for its ``store.db``), the ``http(s)://`` address of a running ``agentbolt serve`` (bearer token
+from ``--token`` / ``AGENTBOLT_TOKEN``), or a ``postgresql://`` URL. A path that does not exist is refused instead of
+being created empty.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def open_store(value: str, *, token: str | None = None) -> LightningStore:
         )
     if "://" not in value:
         path = Path(value)
+        if path.is_dir() and (path / "store.db").is_file():  # a job's output folder: its store
+            path = path / "store.db"
         if not path.is_file():
             raise ConfigError(
                 f"no store file at {value!r}; give the SQLite file written by `agentbolt serve`, `agentbolt train` or "

@@ -415,6 +415,7 @@ async def _run_job(
     summary["weight_swaps"] = None if gate is None else dataclasses.asdict(gate.stats)
     summary["checkpoints"] = _checkpoint_rows(config.out_dir)
     summary.update(watch.to_summary())
+    summary["store"] = str(config.out_dir / "store.db")
     if seams.summary is not None:
         seams.summary(summary)
     (config.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -576,3 +577,12 @@ def _print_summary(console: Console, summary: dict[str, Any]) -> None:
             else ""
         )
     )
+    causes = summary.get("failure_causes") or {}
+    if causes:  # the rollouts that gave nothing to train on, over the run, by cause (the step lines have them too)
+        listed = ", ".join(f"{cause} {n}" for cause, n in causes.items())
+        console.print(
+            f"not trained: {sum(causes.values())} rollouts ({listed}); list them with "
+            f"agentbolt rollouts --store {summary.get('store', 'OUT/store.db')} --status failed",
+            markup=False,
+            highlight=False,
+        )

@@ -303,17 +303,18 @@ def load_task_sets(config: TrainConfig) -> tuple[list[dict[str, Any]], dict[str,
 
 
 def load_tasks_module(name: str) -> Any:
-    """Import the tasks module ``name`` (the current folder first on ``sys.path``) and check its two functions; a
-    ``name`` ending in ``.jsonl`` is read as a :class:`TasksFile` instead.
+    """Import the tasks module ``name`` and check its two functions; a ``name`` ending in ``.jsonl`` is read as a
+    :class:`TasksFile` instead. Either way the current folder is put first on ``sys.path``, so the job's agent module
+    (imported next, and by the runner processes, which inherit the path) is found there too.
 
     Raises:
         ConfigError: it cannot be imported (e.g. the calc example outside a clone of the repository) or lacks
             ``load_train_tasks`` / ``load_val_sets``; or, for a file, as :func:`read_tasks_file`.
     """
-    if is_tasks_file(name):
-        return TasksFile(Path(name.strip()))
     if str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
+    if is_tasks_file(name):
+        return TasksFile(Path(name.strip()))
     try:
         module = importlib.import_module(name)
     except ImportError as exc:

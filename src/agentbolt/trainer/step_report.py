@@ -49,8 +49,9 @@ def skipped_update_reason(result: StepResult) -> str | None:
 
 def step_line(result: StepResult) -> str:
     """The one line a job prints after each step: reward, time, what was trained, what failed and why."""
+    reward = f"{result.reward_mean:.3f}±{result.reward_std:.3f}" if result.rewards else "n/a (no rollout scored)"
     parts = [
-        f"step {result.train_step}: reward {result.reward_mean:.3f}±{result.reward_std:.3f}",
+        f"step {result.train_step}: reward {reward}",
         f"waited {result.wait_s:.0f}s",
         f"update {result.update_s:.0f}s",
         f"transitions {result.n_transitions}",
@@ -146,7 +147,7 @@ class FailureWatch:
         ]
         for cause, n in sorted(self.causes.items(), key=lambda kv: -kv[1])[:8]:
             detail = self.details.get(cause, "")
-            lines.append(f"  {cause} x{n}" + (f": {detail[:160]}" if detail else ""))
+            lines.append(f"  {cause} x{n}" + (f": {detail[:300]}" if detail else ""))
             hint = HINTS.get(cause)
             if hint and hint not in detail:
                 lines.append(f"      -> {hint}")

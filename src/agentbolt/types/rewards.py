@@ -10,8 +10,8 @@ A reward is a finite real number. :func:`coerce_reward` is the rule, and every p
   ``/v1/traces`` or ``add_spans`` in process: its ``agentbolt.reward.value`` (:mod:`agentbolt.store.rules`);
 - reading a reward span back (:mod:`agentbolt.adapter.trajectory`).
 
-Accepted, as a float: ``int``, ``float``, ``bool`` (``True`` is 1.0, ``False`` 0.0) and any other
-:class:`numbers.Real` (``fractions.Fraction``, NumPy integer and floating scalars), when finite.
+Accepted, as a float: ``int``, ``float``, ``bool`` (``True`` is 1.0, ``False`` 0.0; NumPy's ``bool_`` too) and any
+other :class:`numbers.Real` (``fractions.Fraction``, NumPy integer and floating scalars), when finite.
 
 Refused with :class:`~agentbolt.errors.RewardError` (a ``ConfigError``, so a ``ValueError`` and HTTP 422), whose
 message names the value, its type, where it came from and what to pass instead:
@@ -67,7 +67,7 @@ def coerce_reward(value: object, *, where: str) -> float:
         RewardError: a string (numeric strings included), ``None``, NaN, an infinity, an integer too large for a
             float, or any other type. The message names the value, its type and ``where``.
     """
-    if isinstance(value, bool):
+    if isinstance(value, bool) or _is_numpy_bool(value):
         return 1.0 if value else 0.0
     if isinstance(value, numbers.Real):
         try:
@@ -94,6 +94,12 @@ def coerce_reward(value: object, *, where: str) -> float:
         "only int, float, bool and other real numbers are rewards",
         "convert it first (float(x), or x.item() for a tensor or an array element)",
     )
+
+
+def _is_numpy_bool(value: object) -> bool:
+    """``numpy.bool_`` (what ``array.mean() >= 0.5`` gives): a bool that is not a :class:`numbers.Real`."""
+    kind = type(value)
+    return kind.__module__ == "numpy" and kind.__name__ in ("bool_", "bool")
 
 
 RETURNED_VALUE: Final = "the agent's returned value"
