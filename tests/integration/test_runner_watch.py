@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from agentbolt.errors import BackendError
-from agentbolt.trainer.local import LocalMachine, local_serving
+from agentbolt.trainer.local import LocalMachine, RunnersExited, local_serving
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -24,23 +24,34 @@ def test_a_killed_runner_pool_cancels_the_job_with_backend_error(
 ) -> None:
     monkeypatch.chdir(REPO)  # examples.* import from the repository root (runner processes inherit sys.path)
     waited: list[float] = []
+    exits: list[dict[str, object]] = []
 
     async def job() -> None:
         machine = LocalMachine(
-            model=smollm2_dir, agent="examples.room_agent.agent:room_agent", runner_processes=1, runner_concurrency=1
+            model=smollm2_dir, agent="examples.room_agent.agent:room_agent", runner_processes=2, runner_concurrency=1
         )
-        async with local_serving(machine, db_path=tmp_path / "store.db"):
-            runners = [p for p in multiprocessing.active_children() if p.name == "agentbolt-runner-0"]
-            assert len(runners) == 1 and runners[0].pid is not None
-            os.kill(runners[0].pid, signal.SIGKILL)
+        async with local_serving(machine, db_path=tmp_path / "store.db") as serving:
+            runners = sorted(
+                (p for p in multiprocessing.active_children() if p.name.startswith("agentbolt-runner-")),
+                key=lambda p: p.name,
+            )
+            assert len(runners) == 2 and all(p.pid is not None for p in runners)
+            os.kill(runners[0].pid or 0, signal.SIGKILL)  # one dies (out of memory, say): the job goes on, named
+            deadline = time.monotonic() + 10
+            while not serving.runner_exits and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            exits.extend(serving.runner_exits)
+            os.kill(runners[1].pid or 0, signal.SIGKILL)  # the last one dies: the job fails
             started = time.monotonic()
             try:
                 await asyncio.sleep(60)  # a job waiting on rollouts that no runner will ever run
             finally:
                 waited.append(time.monotonic() - started)
 
-    with pytest.raises(BackendError, match=r"every runner process exited \(exit codes -9\)"):
+    with pytest.raises(RunnersExited, match=r"every runner process exited \(exit codes -9, -9\)"):
         asyncio.run(job())
+    assert exits == [{"runner": "agentbolt-runner-0", "exit_code": -9, "runners_left": 1}]
+    assert RunnersExited.exit_code == 1 and issubclass(RunnersExited, BackendError)
     assert waited and waited[0] < 10
     assert (tmp_path / "store.db").exists()
 

@@ -311,6 +311,7 @@ async def _run_job(
 
         trainer.metric_listeners.append(to_trackers)
         watch.unscoped_calls = local.unscoped_calls
+        runner_exits = local.runner_exits  # filled while the job runs
         await store.add_resources(
             {},
             metadata={
@@ -416,6 +417,7 @@ async def _run_job(
     summary["checkpoints"] = _checkpoint_rows(config.out_dir)
     summary.update(watch.to_summary())
     summary["store"] = str(config.out_dir / "store.db")
+    summary["runner_exits"] = runner_exits
     if seams.summary is not None:
         seams.summary(summary)
     (config.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))

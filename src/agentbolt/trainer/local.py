@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rich.console import Console
 
@@ -51,7 +51,7 @@ class LocalTraining:
             checkpoint's weights).
         runners: the runner processes (a stopping job ends them with :func:`stop_runners` before it cancels the
             rollouts they hold).
-        unscoped_calls: as in :class:`LocalServing`.
+        unscoped_calls / runner_exits: as in :class:`LocalServing`.
     """
 
     trainer: RLTrainer
@@ -62,6 +62,7 @@ class LocalTraining:
     updater: TorchPolicyTrainer
     runners: RunnerPool
     unscoped_calls: Callable[[], int]
+    runner_exits: list[dict[str, Any]]
 
 
 class MachineSettings(Protocol):
@@ -342,6 +343,7 @@ class LocalServing:
         runners: the runner processes.
         unscoped_calls: how many LLM calls reached the server's root ``/v1/chat/completions`` so far (recorded
             nowhere: an agent that ignored ``llm.endpoint``).
+        runner_exits: runner processes that exited while the job ran (:attr:`RunnerWatch.exits`), filled as it runs.
     """
 
     store: SqliteLightningStore
@@ -351,6 +353,13 @@ class LocalServing:
     model_setup_s: float
     runners: RunnerPool
     unscoped_calls: Callable[[], int]
+    runner_exits: list[dict[str, Any]]
+
+
+class RunnersExited(BackendError):
+    """Every runner process of a job exited while rollouts waited. Exit code 1 (the job ran and failed)."""
+
+    exit_code = 1
 
 
 class RunnerWatch:
@@ -365,12 +374,33 @@ class RunnerWatch:
         self.pool = pool
         self.interval_s = interval_s
         self.exit_codes: list[int | None] | None = None
+        self.exits: list[dict[str, Any]] = []
+        """Every runner process seen exited while the job ran: ``{"runner", "exit_code", "runners_left"}``."""
         self._owner = asyncio.current_task()
         self._watcher = asyncio.create_task(self._watch())
+
+    def _note_exits(self) -> None:
+        """Log each runner process that exited since the last check (the job goes on with the others)."""
+        seen = {exit["runner"] for exit in self.exits}
+        left = self.pool.alive()
+        for process in self.pool.processes:
+            if process.name in seen or process.is_alive():
+                continue
+            self.exits.append({"runner": process.name, "exit_code": process.exitcode, "runners_left": left})
+            logger.warning(
+                "runner process %s exited (exit code %s%s); %d of %d runners left. Its rollouts in flight are "
+                "retried once their lease ends (grpo.rollout_unresponsive_s)",
+                process.name,
+                process.exitcode,
+                ", killed by a signal: out of memory?" if (process.exitcode or 0) < 0 else "",
+                left,
+                len(self.pool.processes),
+            )
 
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(self.interval_s)
+            self._note_exits()
             if self.pool.alive() == 0:
                 self.exit_codes = [process.exitcode for process in self.pool.processes]
                 if self._owner is not None:
@@ -382,16 +412,17 @@ class RunnerWatch:
         withdrawn); return otherwise.
 
         Raises:
-            BackendError: every runner process exited; the message gives their exit codes.
+            RunnersExited: every runner process exited; the message gives their exit codes.
         """
         if self.exit_codes is None:
             return
         if self._owner is not None:
             self._owner.uncancel()
         codes = ", ".join(str(code) for code in self.exit_codes)
-        raise BackendError(
-            f"every runner process exited (exit codes {codes}) while rollouts were waiting; their output above says "
-            "why (a negative code is the signal that killed it, e.g. -9 when the system ran out of memory)"
+        raise RunnersExited(
+            f"every runner process exited (exit codes {codes}) while rollouts were waiting; a negative code is the "
+            "signal that killed it (-9: the system ran out of memory, or a kill -9), a positive one an error printed "
+            "above. A run with a checkpoint continues with the same command and --resume"
         )
 
     def close(self) -> None:
@@ -475,7 +506,14 @@ async def local_serving(
             grace_s = RUNNER_STOP_S
             try:
                 yield LocalServing(
-                    store, backend, url, gate, loaded.setup_s, pool, lambda: int(app.state.unscoped_calls)
+                    store,
+                    backend,
+                    url,
+                    gate,
+                    loaded.setup_s,
+                    pool,
+                    lambda: int(app.state.unscoped_calls),
+                    watch.exits,
                 )
             except asyncio.CancelledError:
                 watch.raise_if_dead()
@@ -630,6 +668,7 @@ async def local_training(
                 updater,
                 serving.runners,
                 serving.unscoped_calls,
+                serving.runner_exits,
             )
         finally:
             trainer.close()
