@@ -445,3 +445,26 @@ def test_sdk_disabled_by_environment_is_a_clear_error() -> None:
     env = {**os.environ, "OTEL_SDK_DISABLED": "true"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert "OTEL_SDK_DISABLED=true turns OpenTelemetry off" in out.stdout
+
+
+def test_trace_attempt_applies_the_runners_rule_to_the_returned_value() -> None:
+    """Found by a new-user pass: the debugging helper ignored what the agent returned, so it could not show a
+    returned reward, nor reproduce a bad_reward or no_reward failure."""
+    import pytest as _pytest
+
+    from agentbolt import emit_reward, trace_attempt
+    from agentbolt.errors import RewardError
+
+    def agent(task: dict) -> object:
+        emit_reward(0.5)
+        return task["give"]
+
+    with trace_attempt(instrument=False) as attempt:
+        assert attempt.returned(agent({"give": 1.0})) == 1.0  # the returned reward wins, recorded last
+    assert [s.attributes["agentbolt.reward.value"] for s in attempt.spans] == [0.5, 1.0]
+    with trace_attempt(instrument=False) as attempt:
+        assert attempt.returned(agent({"give": None})) == 0.5  # None keeps the emitted one
+    with trace_attempt(instrument=False) as attempt, _pytest.raises(RewardError, match="'1' \\(str\\) is not a reward"):
+        attempt.returned("1")
+    with trace_attempt(instrument=False) as attempt:
+        assert attempt.returned(None) is None  # a runner fails this attempt: no_reward

@@ -3,7 +3,7 @@
 Example::
 
     with agentbolt.trace_attempt() as attempt:
-        calc_agent(task, llm)            # emit_*, @operation and instrumented LLM calls are recorded
+        attempt.returned(calc_agent(task, llm))  # emit_*, @operation, LLM calls and the returned reward are recorded
     for span in attempt.spans:
         print(span.name, span.attributes)
     print(attempt.final_reward, attempt.reward("correct"))
@@ -45,6 +45,27 @@ class LocalAttempt(AttemptContext):
     def reward(self, name: str) -> float | None:
         """The last reward emitted so far under ``name`` (``None`` if none)."""
         return last_reward(self.spans, name)
+
+    def returned(self, value: Any) -> float | None:
+        """Treat ``value`` as the agent's return value, as a runner does; call it inside the ``with`` block, e.g.
+        ``attempt.returned(my_agent(task, llm))``. A reward is recorded as the final reward span (so
+        :attr:`final_reward` and :attr:`spans` show what a runner records); ``None`` keeps the last emitted reward.
+
+        Returns:
+            The attempt's final reward; ``None`` means a runner would fail the attempt with cause ``no_reward``.
+
+        Raises:
+            RewardError: ``value`` is not a reward (a string, NaN, an object): a runner fails the attempt with cause
+                ``bad_reward`` (:mod:`agentbolt.types.rewards`).
+        """
+        from agentbolt.tracing.emit import emit_reward
+        from agentbolt.types.rewards import returned_reward
+
+        reward = returned_reward(value)
+        if reward is not None:
+            with attempt_scope(self):
+                emit_reward(reward)
+        return self.final_reward
 
 
 class AttemptTrace:
