@@ -106,7 +106,14 @@ class TrainConfig(_Config):
     def _val_tasks_is_a_file(cls, value: str | None) -> str | None:
         if value is not None and not is_tasks_file(value):
             raise ValueError(f"val_tasks must be a JSON Lines file (a path ending in .jsonl), got {value!r}")
-        return value
+        return None if value is None else str(Path(value.strip()).expanduser().resolve())
+
+    @field_validator("tasks")
+    @classmethod
+    def _tasks_file_is_absolute(cls, value: str) -> str:
+        # A file is read relative to the folder the job started in; the checkpoints' config.yaml keeps it absolute,
+        # so `agentbolt eval CKPT/config.yaml` works from any folder.
+        return str(Path(value.strip()).expanduser().resolve()) if is_tasks_file(value) else value
 
     @model_validator(mode="before")
     @classmethod
