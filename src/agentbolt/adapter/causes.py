@@ -38,7 +38,7 @@ from typing import Final
 
 from agentbolt import semconv
 from agentbolt.adapter.signals import INFRA_ERROR_CODES
-from agentbolt.adapter.trajectory import _finish_reason, last_reward
+from agentbolt.adapter.trajectory import _finish_reason, build_trajectory, last_reward
 from agentbolt.types import Attempt, AttemptStatus, Rollout, RolloutStatus, Span
 
 NEVER_RAN: Final = "never_ran"
@@ -136,8 +136,8 @@ def failure_cause(
         rollout: the finished rollout.
         attempt: its last attempt (``None``: it never ran).
         spans: that attempt's spans.
-        trainable: whether its trajectory has a trainable call (``None``: read from the spans: an OK LLM span
-            whose ``agentbolt.llm.trainable`` is not False).
+        trainable: whether its trajectory has a trainable call (``None``: the adapter's own rule,
+            :func:`agentbolt.adapter.build_trajectory`'s ``trainable``).
 
     Returns:
         The first cause that applies, in the order of :data:`CAUSES` (module docstring).
@@ -162,9 +162,7 @@ def failure_cause(
         endpoint = f"/v1/rollouts/{rollout.rollout_id}/attempts/{attempt.attempt_id}/v1"
         return FailureCause(NO_GATEWAY_CALL, f"no LLM call reached its llm.endpoint (<server>{endpoint})")
     if trainable is None:
-        trainable = any(
-            s.status.code != "ERROR" and s.attributes.get(semconv.LLM_TRAINABLE) is not False for s in calls
-        )
+        trainable = build_trajectory(rollout, attempt.attempt_id, spans).trainable
     if not trainable:
         return FailureCause(NO_TRAINABLE_CALL, f"{len(calls)} LLM calls recorded, none trainable")
     return None

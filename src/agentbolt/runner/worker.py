@@ -118,17 +118,6 @@ def _cause_of(exc: BaseException, type_name: str) -> str:
     return AGENT_EXCEPTION
 
 
-def final_reward_of(ctx: AttemptContext, returned: Any) -> float | None:
-    """The attempt's final reward: the agent's returned reward, else its last unnamed ``emit_reward``.
-
-    Raises:
-        RewardError: ``returned`` is neither None nor a reward (a string, NaN, an object): see
-            :mod:`agentbolt.types.rewards`.
-    """
-    reward = returned_reward(returned)
-    return reward if reward is not None else last_reward(ctx.spans)
-
-
 def span_exporter_for(store: LightningStore, loop: asyncio.AbstractEventLoop) -> SpanExporter:
     """The exporter a runner uses for ``store``: OTLP/HTTP to the server behind an
     :class:`~agentbolt.client.HttpLightningStore` (with its bearer token), else a

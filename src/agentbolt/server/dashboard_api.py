@@ -483,18 +483,20 @@ async def errors_summary(
     )
     counts: dict[str, dict[float, int]] = {}
     examples: dict[str, tuple[float, ErrorExample]] = {}
+
+    def count(kind: str, attempt: Attempt) -> None:
+        when = attempt.end_time if attempt.end_time is not None else attempt.start_time
+        series = counts.setdefault(kind, {})
+        bucket = math.floor(when / bucket_s) * bucket_s
+        series[bucket] = series.get(bucket, 0) + 1
+        if kind not in examples or when > examples[kind][0]:
+            examples[kind] = (when, ErrorExample(rollout_id=attempt.rollout_id, attempt_id=attempt.attempt_id))
+
     for rollout in failed:
         for attempt in await store.query_attempts(rollout.rollout_id):
             if attempt.status not in FAILED_ATTEMPT_STATUSES or (attempt.error or {}).get("type") == "cancelled":
                 continue
-            spans = await store.query_spans(rollout.rollout_id, attempt.attempt_id)
-            kind = error_kind(attempt, spans)
-            when = attempt.end_time if attempt.end_time is not None else attempt.start_time
-            bucket = math.floor(when / bucket_s) * bucket_s
-            series = counts.setdefault(kind, {})
-            series[bucket] = series.get(bucket, 0) + 1
-            if kind not in examples or when > examples[kind][0]:
-                examples[kind] = (when, ErrorExample(rollout_id=rollout.rollout_id, attempt_id=attempt.attempt_id))
+            count(error_kind(attempt, await store.query_spans(rollout.rollout_id, attempt.attempt_id)), attempt)
     # Succeeded rollouts without a single gateway call give nothing to train on (the agent missed llm.endpoint).
     succeeded = await store.query_rollouts(
         status=[RolloutStatus.SUCCEEDED], sort_by="end_time", descending=True, limit=min(max_rollouts, 200)
@@ -503,17 +505,9 @@ async def errors_summary(
         attempts = await store.query_attempts(rollout.rollout_id)
         if not attempts:
             continue
-        attempt = attempts[-1]
-        spans = await store.query_spans(rollout.rollout_id, attempt.attempt_id)
-        if any(span.name == semconv.SPAN_LLM_CALL for span in spans):
-            continue
-        when = attempt.end_time if attempt.end_time is not None else attempt.start_time
-        bucket = math.floor(when / bucket_s) * bucket_s
-        series = counts.setdefault(NO_GATEWAY_CALL, {})
-        series[bucket] = series.get(bucket, 0) + 1
-        if NO_GATEWAY_CALL not in examples or when > examples[NO_GATEWAY_CALL][0]:
-            example = ErrorExample(rollout_id=rollout.rollout_id, attempt_id=attempt.attempt_id)
-            examples[NO_GATEWAY_CALL] = (when, example)
+        spans = await store.query_spans(rollout.rollout_id, attempts[-1].attempt_id)
+        if not any(span.name == semconv.SPAN_LLM_CALL for span in spans):
+            count(NO_GATEWAY_CALL, attempts[-1])
     kinds = [
         ErrorKind(
             kind=kind,
