@@ -550,7 +550,12 @@ def _print_next_steps(console: Console, config: TrainConfig, summary: dict[str, 
     with contextlib.suppress(ConfigError):
         split = "test" if hasattr(load_tasks_module(config.tasks), "load_test_tasks") else "val"
         config_yaml = shlex.quote(str(chosen.path / "config.yaml"))
-        console.print(f"  agentbolt eval {config_yaml} --checkpoint {checkpoint} --split {split}   # score it")
+        here = shlex.quote(str(Path.cwd()))  # the agent (and a tasks module) import from the job's folder
+        console.print(
+            f"  cd {here} && agentbolt eval {config_yaml} --checkpoint {checkpoint} --split {split}   # score it",
+            markup=False,
+            highlight=False,
+        )
     console.print(f"  agentbolt export-model {checkpoint} --out {shlex.quote(str(out / 'model'))}")
     console.print(f"  agentbolt serve --store {shlex.quote(str(out / 'store.db'))}   # dashboard of this run")
 
