@@ -65,6 +65,8 @@ from agentbolt.inference.base import (
     RequestRefused,
 )
 from agentbolt.inference.chat_format import normalize_messages, tools_in_system_message
+from agentbolt.inference.continuous import PrefixCache, Row, RunningBatch
+from agentbolt.inference.continuous import supports as supports_continuous
 from agentbolt.inference.generation_hooks import (
     RowBudget,
     RowCancel,
@@ -79,6 +81,9 @@ from agentbolt.inference.stop_text import StopTextFilter, cut_at_stop
 from agentbolt.inference.transcripts import TranscriptCache
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_PREFIX_CACHE_BYTES = 512 * 1024 * 1024
+"""Keys and values the prefix cache keeps by default (about 40k tokens of Qwen2.5-0.5B, 22k of SmolLM2-135M)."""
 
 _STOP_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>")
 
@@ -166,11 +171,16 @@ class EmbeddedBackend:
         max_batch_size: int = 16,
         batch_wait_s: float = 0.02,
         num_threads: int | None = None,
+        continuous_batching: bool = True,
+        prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
     ) -> None:
         """Serve an already loaded ``model`` (most callers want :meth:`load`). Starts the worker thread.
 
         ``device`` is where inputs are sent; ``None`` (the default) means the device of the model's first parameter,
-        so a model already moved to ``cuda`` is served there.
+        so a model already moved to ``cuda`` is served there. ``continuous_batching`` (default on) serves plain
+        sampling requests with :mod:`agentbolt.inference.continuous` (rows join and leave the running batch at every
+        step; prompts start from their longest cached prefix, ``prefix_cache_bytes`` of keys and values kept; 0
+        turns the prefix cache off); off, every request goes through ``model.generate`` batches.
 
         Raises:
             ConfigError: ``max_batch_size < 1`` or ``batch_wait_s < 0``.
@@ -197,6 +207,13 @@ class EmbeddedBackend:
         self.stats = ThroughputStats()
         self.transcripts = TranscriptCache()
         """Recent generations' prompt + response, reused by :meth:`encode_prompt`."""
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
+        """Keys and values of recent sequences (:mod:`agentbolt.inference.continuous`); emptied when the weights
+        change."""
+        self._continuous_batching = continuous_batching
+        self._engine_ok = continuous_batching and supports_continuous(model)
+        self._batch = RunningBatch(model, self.device, self.pad_token_id, self.prefix_cache)
+        self._prefix_stale = False
 
         self._queue: collections.deque[_Pending] = collections.deque()
         self._cond = threading.Condition()
@@ -291,12 +308,16 @@ class EmbeddedBackend:
         wraps the same weights). Waits for the running batch. ``version``, when given, becomes ``model_version``."""
         with self.paused():
             self.model = model
+            self._engine_ok = self._continuous_batching and supports_continuous(model)
+            self._prefix_stale = True
             if version is not None:
                 self.model_version = version
 
     def set_model_version(self, version: str) -> None:
-        """Stamp results from now on with ``version`` (call it after updating the weights, under ``paused()``)."""
+        """Stamp results from now on with ``version`` (call it after updating the weights, under ``paused()``).
+        The prefix cache is emptied before the next request runs."""
         self.model_version = version
+        self._prefix_stale = True
 
     # ------------------------------------------------------------------ the Protocol
 
@@ -466,74 +487,103 @@ class EmbeddedBackend:
             self._pause_count += 1
             while self._busy:
                 self._cond.wait()
+            self._prefix_stale = True  # the weights may change in place while paused
 
     def _pause_release(self) -> None:
         with self._cond:
             self._pause_count -= 1
             self._cond.notify_all()
 
+    def _fast_path(self, pending: _Pending) -> bool:
+        """Whether the continuous-batching engine takes ``pending`` (see :mod:`agentbolt.inference.continuous`)."""
+        request = pending.request
+        return self._engine_ok and pending.grammar is None and not request.penalized and request.seed is None
+
     def _run(self) -> None:
         torch.set_num_threads(self.num_threads)
         while True:
-            batch = self._next_batch()
-            if batch is None:
+            work = self._next_work()
+            if work is None:
                 return
+            kind, taken = work
             try:
-                outcomes: list[GenerationResult] | BaseException = self._generate_batch(batch)
-            except Exception as exc:
-                logger.exception("embedded generation failed for a batch of %d", len(batch))
-                outcomes = BackendError(f"embedded generation failed: {exc!r}")
+                if kind == "generate":
+                    self._run_generate(taken)
+                else:
+                    self._run_engine(taken)
             finally:
                 with self._cond:
-                    self._busy = False
+                    self._busy = bool(self._batch.rows)
                     self._last_batch_end_s = time.monotonic()
                     self._cond.notify_all()
-            if isinstance(outcomes, BaseException):
-                self.stats.failed_requests += len(batch)
-                for pending in batch:
-                    _resolve(pending, BackendError(str(outcomes)))
-            else:
-                for pending, result in zip(batch, outcomes, strict=True):
-                    _resolve(pending, result)
 
-    def _next_batch(self) -> list[_Pending] | None:
-        """Block until a batch may start; take it. None once closed."""
+    def _next_work(self) -> tuple[str, list[_Pending]] | None:
+        """Block until there is work; take it. ``("engine", admitted)`` runs one step of the running batch after
+        admitting ``admitted`` (possibly none); ``("generate", batch)`` runs one ``model.generate``. None once closed
+        with nothing running."""
         with self._cond:
             while True:
-                while not self._closed and (self._pause_count > 0 or not self._queue):
+                running = bool(self._batch.rows)
+                while not running and not self._closed and (self._pause_count > 0 or not self._queue):
                     self._cond.wait()
-                if self._closed:
+                if self._closed and not running:
                     return None
-                # Wait batch_wait_s from the later of the oldest arrival and the end of the previous batch: the
-                # clients that batch just answered send their next turn a few ms later, and should ride along.
-                deadline_s = max(self._queue[0].enqueued_s, self._last_batch_end_s) + self.batch_wait_s
-                while len(self._queue) < self.max_batch_size and not self._closed:
-                    remaining_s = deadline_s - time.monotonic()
-                    if remaining_s <= 0:
-                        break
-                    self._cond.wait(remaining_s)
-                if self._closed:
-                    return None
-                if self._pause_count > 0:
+                if self._pause_count > 0 or self._closed:
+                    if running:  # drain: no new rows while a pause waits or the backend closes
+                        self._busy = True
+                        return "engine", []
                     continue
-                batch = self._take_batch()
-                if batch:
+                if not running:
+                    # Wait batch_wait_s from the later of the oldest arrival and the end of the previous batch: the
+                    # clients that batch just answered send their next turn a few ms later, and should ride along.
+                    deadline_s = max(self._queue[0].enqueued_s, self._last_batch_end_s) + self.batch_wait_s
+                    while len(self._queue) < self.max_batch_size and not self._closed:
+                        remaining_s = deadline_s - time.monotonic()
+                        if remaining_s <= 0:
+                            break
+                        self._cond.wait(remaining_s)
+                    if self._closed or self._pause_count > 0:
+                        continue
+                self._drop_cancelled()
+                legacy_waiting = any(not self._fast_path(p) for p in self._queue)
+                if legacy_waiting and not running:
+                    batch = self._take_batch(fast=False)
+                    if batch:
+                        self._busy = True
+                        return "generate", batch
+                    continue
+                admitted: list[_Pending] = []
+                if not legacy_waiting:  # a waiting generate() request lets the running batch drain first
+                    free = self.max_batch_size - len(self._batch.rows)
+                    for pending in list(self._queue):
+                        if len(admitted) >= free:
+                            break
+                        admitted.append(pending)
+                        self._queue.remove(pending)
+                if running or admitted:
                     self._busy = True
-                    return batch
+                    return "engine", admitted
 
-    def _take_batch(self) -> list[_Pending]:
-        """Remove from the queue the oldest request and the queued ones that can share its batch: same
-        temperature and top_p, no seed, and the padded prompt plus the longest ``max_tokens`` fits the context.
-        A seeded request runs alone (the seed sets the sampling RNG for the whole batch)."""
+    def _drop_cancelled(self) -> None:
+        """Take out of the queue the requests nobody waits for, and answer the streams cancelled before they
+        started (nothing was generated)."""
         live: list[_Pending] = []
         for pending in self._queue:
             if pending.future.cancelled():
                 continue
-            if pending.cancel_requested:  # a stream cancelled before it started: nothing was generated
+            if pending.cancel_requested:
                 _resolve(pending, self._empty_result(pending))
                 continue
             live.append(pending)
         self._queue.clear()
+        self._queue.extend(live)
+
+    def _take_batch(self, fast: bool = False) -> list[_Pending]:
+        """Remove from the queue the oldest request that the engine does not take (``fast=False``) and the queued
+        ones that can share its ``model.generate`` batch: same temperature and top_p, no seed, and the padded prompt
+        plus the longest ``max_tokens`` fits the context. A seeded request runs alone (the seed sets the sampling RNG
+        for the whole batch)."""
+        live = [p for p in self._queue if self._fast_path(p) == fast]
         if not live:
             return []
         first = live[0]
@@ -553,8 +603,118 @@ class EmbeddedBackend:
                 batch.append(pending)
                 longest_prompt, longest_budget = prompt, budget
         taken = {id(p) for p in batch}
-        self._queue.extend(p for p in live if id(p) not in taken)
+        remaining = [p for p in self._queue if id(p) not in taken]
+        self._queue.clear()
+        self._queue.extend(remaining)
         return batch
+
+    def _run_generate(self, batch: list[_Pending]) -> None:
+        try:
+            outcomes: list[GenerationResult] | BaseException = self._generate_batch(batch)
+        except Exception as exc:
+            logger.exception("embedded generation failed for a batch of %d", len(batch))
+            outcomes = BackendError(f"embedded generation failed: {exc!r}")
+        if isinstance(outcomes, BaseException):
+            self.stats.failed_requests += len(batch)
+            for pending in batch:
+                _resolve(pending, BackendError(str(outcomes)))
+        else:
+            for pending, result in zip(batch, outcomes, strict=True):
+                _resolve(pending, result)
+
+    def _run_engine(self, admitted: list[_Pending]) -> None:
+        """Admit ``admitted`` into the running batch, then run one decode step; answer the rows that ended."""
+        engine = self._batch
+        if self._prefix_stale and not engine.rows:
+            self.prefix_cache.clear()
+            self._prefix_stale = False
+        model = self.model
+        if engine.model is not model:
+            engine.set_model(model)
+        was_training = bool(getattr(model, "training", False))
+        started_s = time.monotonic()
+        rows_before = len(engine.rows)
+        try:
+            model.eval()
+            with torch.inference_mode():
+                rows = [self._row_of(pending) for pending in admitted]
+                engine.admit(rows)
+                self._stream_new_ids(rows)
+                self._answer(engine.finished(self._should_stop))
+                if engine.rows:
+                    live = [row for row in engine.rows]
+                    engine.step()
+                    self.stats.decode_steps += 1
+                    self.stats.decode_rows += len(live)
+                    self._stream_new_ids(live)
+                    self._answer(engine.finished(self._should_stop))
+        except Exception as exc:
+            logger.exception("embedded generation failed for a running batch of %d", rows_before + len(admitted))
+            failed = [row.owner for row in engine.rows] + [p for p in admitted if not p.future.done()]
+            engine.reset()
+            self.stats.failed_requests += len(failed)
+            for pending in failed:
+                _resolve(pending, BackendError(f"embedded generation failed: {exc!r}"))
+        finally:
+            if was_training:
+                model.train()
+            self.stats.generation_s += time.monotonic() - started_s
+
+    def _row_of(self, pending: _Pending) -> Row:
+        request = pending.request
+        return Row(
+            owner=pending,
+            prompt=list(pending.prompt_token_ids),
+            max_tokens=request.max_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            top_logprobs=request.top_logprobs if request.logprobs else 0,
+            stop_ids=frozenset(self.stop_token_ids),
+        )
+
+    def _stream_new_ids(self, rows: list[Row]) -> None:
+        for row in rows:
+            pending: _Pending = row.owner
+            if pending.on_token is not None and row.generated and not pending.cancel_requested:
+                pending.on_token(row.generated[-1])
+
+    def _should_stop(self, row: Row) -> str | None:
+        """``abort`` for a cancelled row, ``stop`` once its text holds one of its stop strings (only the tail is
+        decoded: enough ids to hold the longest stop string, and a few more for a character split over ids)."""
+        pending: _Pending = row.owner
+        if pending.cancel_requested or pending.future.cancelled():
+            return "abort"
+        stops = (*pending.request.stop, *pending.request.stop_inclusive)
+        if stops and row.generated:
+            tail = max(len(stop.encode()) for stop in stops) + 4
+            text = self._decode(row.generated[-tail:])
+            if any(stop in text for stop in stops):
+                return "stop"
+        return None
+
+    def _answer(self, ended: list[Row]) -> None:
+        for row in ended:
+            pending: _Pending = row.owner
+            finished_s = time.monotonic()
+            top_TK = None
+            if row.top:
+                top_TK = (torch.tensor([v for v, _ in row.top]), torch.tensor([i for _, i in row.top]))
+            result = self._result(
+                pending,
+                row.generated,
+                row.finish_reason or "stop",  # type: ignore[arg-type]
+                torch.tensor(row.logprobs, dtype=torch.float32),
+                top_TK,
+                {
+                    "batch_size": row.peak_batch,
+                    "queue_wait_s": row.admitted_s - pending.enqueued_s,
+                    "generation_s": finished_s - row.admitted_s,
+                    "cached_prompt_tokens": row.cached_prefix,
+                },
+            )
+            self.stats.requests += 1
+            self.stats.generated_tokens += len(result.response_token_ids)
+            _resolve(pending, result)
 
     def _empty_result(self, pending: _Pending) -> GenerationResult:
         return GenerationResult(
@@ -611,6 +771,44 @@ class EmbeddedBackend:
             entry["top_logprobs"] = alternatives
             entries.append(entry)
         return entries
+
+    def _result(
+        self,
+        pending: _Pending,
+        ids: list[int],
+        finish_reason: FinishReason,
+        logprobs_T: torch.Tensor,
+        top_TK: tuple[torch.Tensor, torch.Tensor] | None,
+        extra: dict[str, Any],
+    ) -> GenerationResult:
+        """The answer to ``pending``: ``ids`` (cut already), their logprobs ``(T,)`` (at least ``len(ids)``) and
+        top alternatives ``((T, k), (T, k))``; the text is cut at a stop string, and the transcript kept."""
+        request = pending.request
+        text = self._decode(ids)
+        stop_sequence = None
+        if request.stop or request.stop_inclusive:
+            text, stop_sequence = cut_at_stop(text, request.stop, request.stop_inclusive)
+        token_logprobs = None
+        if request.logprobs:
+            token_logprobs = self._token_logprobs(ids, logprobs_T, top_TK, request.top_logprobs)
+            if stop_sequence is not None:  # the stop string's tokens are not in the returned text
+                token_logprobs = _within(token_logprobs, len(text))
+        if finish_reason != "abort" and request.prompt is None:
+            full = [*pending.prompt_token_ids, *ids]
+            self.transcripts.add(
+                str(self.tokenizer.decode(full, skip_special_tokens=False, clean_up_tokenization_spaces=False)), full
+            )
+        return GenerationResult(
+            prompt_token_ids=list(pending.prompt_token_ids),
+            response_token_ids=list(ids),
+            response_logprobs=logprobs_T[: len(ids)].tolist(),
+            text=text,
+            finish_reason=finish_reason,
+            model_version=self.model_version,
+            extra=extra,
+            stop_sequence=stop_sequence,
+            token_logprobs=token_logprobs,
+        )
 
     def _generate_batch(self, batch: list[_Pending]) -> list[GenerationResult]:
         """Run one ``model.generate`` over ``batch`` (left-padded) and cut each row's response."""
@@ -671,7 +869,6 @@ class EmbeddedBackend:
                 ended=None if stops is None else (lambda row: stops.stopped_at[row] is not None),
             )
         model = self.model
-        model_version = self.model_version
         was_training = bool(getattr(model, "training", False))
         if first.seed is not None:
             torch.manual_seed(first.seed)
@@ -719,44 +916,23 @@ class EmbeddedBackend:
                     ids = ids[: index + 1]
                     finish_reason = "stop"
                     break
-            text = str(self.tokenizer.decode(ids, skip_special_tokens=True))
-            stop_sequence = None
-            if request.stop or request.stop_inclusive:
-                text, stop_sequence = cut_at_stop(text, request.stop, request.stop_inclusive)
-            token_logprobs = None
-            if request.logprobs:
-                token_logprobs = self._token_logprobs(
+            results.append(
+                self._result(
+                    pending,
                     ids,
+                    finish_reason,
                     logprobs_BT[row],
                     None if top_BTK is None else (top_BTK[0][row], top_BTK[1][row]),
-                    request.top_logprobs,
-                )
-                if stop_sequence is not None:  # the stop string's tokens are not in the returned text
-                    token_logprobs = _within(token_logprobs, len(text))
-            if finish_reason != "abort" and pending.request.prompt is None:
-                full = [*pending.prompt_token_ids, *ids]
-                self.transcripts.add(
-                    str(self.tokenizer.decode(full, skip_special_tokens=False, clean_up_tokenization_spaces=False)),
-                    full,
-                )
-            results.append(
-                GenerationResult(
-                    prompt_token_ids=list(pending.prompt_token_ids),
-                    response_token_ids=ids,
-                    response_logprobs=logprobs_BT[row, : len(ids)].tolist(),
-                    text=text,
-                    finish_reason=finish_reason,
-                    model_version=model_version,
-                    extra={
+                    {
                         "batch_size": len(batch),
                         "queue_wait_s": started_s - pending.enqueued_s,
                         "generation_s": elapsed_s,
                     },
-                    stop_sequence=stop_sequence,
-                    token_logprobs=token_logprobs,
                 )
             )
         self.stats.batches += 1
+        self.stats.decode_steps += 1
+        self.stats.decode_rows += len(batch)
         self.stats.requests += len(batch)
         self.stats.generation_s += elapsed_s
         self.stats.generated_tokens += sum(len(r.response_token_ids) for r in results)

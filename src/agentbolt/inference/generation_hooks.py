@@ -22,6 +22,8 @@ class ThroughputStats:
         batches: batches run.
         requests: requests answered (successfully) by those batches.
         failed_requests: requests that got a BackendError from the worker.
+        decode_steps: forward passes that generated one id per row (a ``model.generate`` batch counts once).
+        decode_rows: rows in those passes, summed (a ``model.generate`` batch counts its requests).
     """
 
     generated_tokens: int = 0
@@ -29,11 +31,13 @@ class ThroughputStats:
     batches: int = 0
     requests: int = 0
     failed_requests: int = 0
+    decode_steps: int = 0
+    decode_rows: int = 0
 
     @property
     def mean_batch_size(self) -> float:
-        """Requests per batch (0.0 before the first batch)."""
-        return self.requests / self.batches if self.batches else 0.0
+        """Rows per decode step (0.0 before the first one)."""
+        return self.decode_rows / self.decode_steps if self.decode_steps else 0.0
 
     @property
     def tokens_per_s(self) -> float:

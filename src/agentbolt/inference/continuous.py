@@ -1,0 +1,540 @@
+"""Continuous batching with a prefix cache: the embedded backend's fast path for plain sampling requests.
+
+The old path ran one ``model.generate`` per batch: every request waited for the running batch to end, every prompt
+was prefilled from its first token, and a short answer's row kept being computed (as padding) until the longest
+row ended. On a CPU the calculator agent's calls spend most of their time prefilling the same ~250-token system
+and tools prefix. This engine keeps one running batch that requests join and leave at every step:
+
+- **Rows join between steps** (continuous batching, Yu et al. 2022, "Orca", OSDI'22): a request waiting for a
+  slot is prefilled and its row added to the running batch's key/value cache before the next decode step; a row that
+  ends (stop id, ``max_tokens``, stop string, cancel) leaves at once and its slot is free for the next request.
+- **Prefix cache** (the idea of vLLM's automatic prefix caching and SGLang's RadixAttention, Zheng et al. 2024):
+  the keys and values of finished sequences (prompt + answer) are kept, by token ids, in :class:`PrefixCache`; a new
+  prompt is prefilled only from the end of its longest cached prefix. A burst of new prompts that share a prefix
+  (the system prompt and tools) prefills that prefix once. The cache is emptied whenever the weights change.
+- **No compute on finished rows**: the decode step runs over the live rows only. Rows of different lengths share
+  one cache tensor ``(B, H, T, D)`` per layer with a ``(B, T)`` attention mask; a row's missing columns are zeros
+  under a 0 mask (they cost attention reads, never a matmul), and each row gets its own ``position_ids``. A
+  prefill group is left-padded to its longest suffix; groups are formed from suffixes of similar length
+  (:func:`prefill_groups`) so the padding stays small.
+
+Sampling is the same as the old path's: ``log_softmax(logits / temperature)`` of the raw logits is recorded at the
+chosen id (temperature 1 when greedy), top-p truncation is not folded into the recorded logprob (as in vLLM's
+default). The ids and logprobs are those the engine ran: the recorded prompt ids are the ids prefilled (cached or
+not), so nothing is re-tokenized. Numerically, a row's logits depend on which rows share its matmuls and on whether
+its prefix came from the cache (bf16 sums in another order): the difference to the trainer's recomputation is what
+``approx_kl`` at step start reports.
+
+Requests this engine does not take (the backend runs them with ``model.generate`` as before): a grammar
+(constrained decoding), presence/frequency penalties or logit bias, a seed (the seed sets the whole batch's random
+generator), and models whose cache is not plain full attention (sliding-window layers).
+
+Shapes: ``B`` live rows, ``G`` rows of a prefill group, ``H`` key/value heads, ``T`` cache columns, ``D`` head dim,
+``V`` vocabulary, ``S`` suffix length of a prefill group.
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]
+"""Per layer ``(keys, values)``, each ``(batch, H, T, D)``."""
+
+
+# ---------------------------------------------------------------------- prefix cache
+
+
+@dataclass
+class _Entry:
+    tokens: np.ndarray
+    kv: KV  # per layer (1, H, len(tokens), D)
+    nbytes: int
+
+
+class PrefixCache:
+    """Keys and values of recent token sequences, found by longest common prefix of token ids.
+
+    Entries are kept least-recently-used first and evicted past ``max_bytes``. Inserting a sequence drops the
+    entries that are prefixes of it (the new entry answers every lookup they answered).
+
+    Args:
+        max_bytes: the most bytes of keys and values kept (0 disables the cache).
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._entries: collections.OrderedDict[int, _Entry] = collections.OrderedDict()
+        self._next_key = 0
+        self.nbytes = 0
+        self.hit_tokens = 0
+        """Prompt tokens found in the cache, since creation (they were not prefilled)."""
+        self.lookup_tokens = 0
+        """Prompt tokens looked up, since creation."""
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        """Forget every entry (the weights changed: cached keys and values no longer match them)."""
+        self._entries.clear()
+        self.nbytes = 0
+
+    def lookup(self, tokens: Sequence[int]) -> tuple[int, KV | None]:
+        """``(n, kv)``: the longest cached prefix of ``tokens``, ``n`` tokens long, and its keys and values (views
+        of the cache's tensors, ``(1, H, n, D)`` per layer; do not write to them); ``(0, None)`` when none."""
+        query = np.asarray(tokens, dtype=np.int64)
+        best_n, best_key = 0, None
+        for key, entry in self._entries.items():
+            n = min(len(query), len(entry.tokens))
+            if n <= best_n:
+                continue
+            same = entry.tokens[:n] == query[:n]
+            common = n if bool(same.all()) else int(np.argmin(same))
+            if common > best_n:
+                best_n, best_key = common, key
+        self.lookup_tokens += len(query)
+        if best_key is None:
+            return 0, None
+        entry = self._entries[best_key]
+        self._entries.move_to_end(best_key)
+        self.hit_tokens += best_n
+        return best_n, [(k[:, :, :best_n], v[:, :, :best_n]) for k, v in entry.kv]
+
+    def insert(self, tokens: Sequence[int], kv: KV) -> None:
+        """Keep ``kv`` (per layer ``(1, H, len(tokens), D)``, owned by the cache from now on) as the keys and values
+        of ``tokens``."""
+        if self.max_bytes <= 0 or not tokens:
+            return
+        nbytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+        if nbytes > self.max_bytes:
+            return
+        new = np.asarray(tokens, dtype=np.int64)
+        for key in [k for k, e in self._entries.items() if len(e.tokens) <= len(new)]:
+            entry = self._entries[key]
+            if np.array_equal(entry.tokens, new[: len(entry.tokens)]):
+                self.nbytes -= entry.nbytes
+                del self._entries[key]
+        self._entries[self._next_key] = _Entry(new, kv, nbytes)
+        self._next_key += 1
+        self.nbytes += nbytes
+        while self.nbytes > self.max_bytes and self._entries:
+            _, dropped = self._entries.popitem(last=False)
+            self.nbytes -= dropped.nbytes
+
+
+def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
+    """Length of the longest prefix all of ``sequences`` share (0 for fewer than two)."""
+    if len(sequences) < 2:
+        return 0
+    n = min(len(s) for s in sequences)
+    first = np.asarray(sequences[0][:n], dtype=np.int64)
+    same = np.ones(n, dtype=bool)
+    for other in sequences[1:]:
+        same &= np.asarray(other[:n], dtype=np.int64) == first
+    return n if bool(same.all()) else int(np.argmin(same))
+
+
+def prefill_groups(lengths: Sequence[int], slack: float = 0.25, min_slack: int = 16) -> list[list[int]]:
+    """Indices of ``lengths`` (suffix lengths) grouped so that a group's padding is small: sorted by length, a
+    group takes the next suffix while ``longest - shortest <= max(min_slack, slack * longest)``."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    groups: list[list[int]] = []
+    for index in order:
+        if groups:
+            shortest = lengths[groups[-1][0]]
+            if lengths[index] - shortest <= max(min_slack, slack * lengths[index]):
+                groups[-1].append(index)
+                continue
+        groups.append([index])
+    return groups
+
+
+# ---------------------------------------------------------------------- sampling
+
+
+def sample_rows(
+    logits_BV: torch.Tensor,
+    temperatures: Sequence[float],
+    top_ps: Sequence[float],
+    top_k: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+    """Sample one id per row and its logprob.
+
+    Row ``b`` samples from ``softmax(logits[b] / temperatures[b])`` truncated to its top-p nucleus (the smallest set
+    of most likely ids whose probability reaches ``top_ps[b]``; Holtzman et al. 2020, arXiv:1904.09751); temperature
+    0 takes the argmax. The returned logprob is ``log_softmax(logits / T)`` at the chosen id, of the whole tempered
+    distribution (``T = 1`` for greedy rows), as the trainer recomputes it.
+
+    Args:
+        logits_BV: raw logits ``(B, V)``.
+        temperatures: ``B`` values ``>= 0``.
+        top_ps: ``B`` values in ``(0, 1]``.
+        top_k: also return the ``top_k`` largest logprobs and their ids per row.
+
+    Returns:
+        ``(ids (B,), logprobs (B,) float32, None or (values (B, k), ids (B, k)))``.
+    """
+    scores = logits_BV.float()
+    temps = torch.tensor([t if t > 0 else 1.0 for t in temperatures], dtype=torch.float32, device=scores.device)
+    logprobs_BV = torch.log_softmax(scores / temps.unsqueeze(1), dim=-1)
+    chosen = torch.empty(scores.shape[0], dtype=torch.long, device=scores.device)
+    greedy = [b for b, t in enumerate(temperatures) if t <= 0]
+    sampled = [b for b, t in enumerate(temperatures) if t > 0]
+    if greedy:
+        index = torch.tensor(greedy, device=scores.device)
+        chosen[index] = scores[index].argmax(dim=-1)
+    if sampled:
+        index = torch.tensor(sampled, device=scores.device)
+        probs = logprobs_BV[index].exp()
+        nucleus = [top_ps[b] for b in sampled]
+        if any(p < 1.0 for p in nucleus):
+            sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True)
+            before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass of the more likely ids
+            limit = torch.tensor(nucleus, dtype=torch.float32, device=scores.device).unsqueeze(1)
+            sorted_probs = sorted_probs.masked_fill(before >= limit, 0.0)
+            probs = torch.zeros_like(probs).scatter_(1, sorted_ids, sorted_probs)
+        chosen[index] = torch.multinomial(probs, 1).squeeze(1)
+    chosen_logprobs = logprobs_BV.gather(1, chosen.unsqueeze(1)).squeeze(1)
+    top = None
+    if top_k > 0:
+        values, ids = torch.topk(logprobs_BV, top_k, dim=-1)
+        top = (values, ids)
+    return chosen, chosen_logprobs, top
+
+
+# ---------------------------------------------------------------------- the running batch
+
+
+@dataclass
+class Row:
+    """One request in the running batch.
+
+    Attributes:
+        owner: the backend's record of the request (opaque here).
+        prompt: prompt ids.
+        max_tokens: most ids to generate.
+        temperature, top_p: sampling settings.
+        top_logprobs: alternatives to record per step (0: none).
+        stop_ids: ids that end the row (kept in its ids).
+        generated: ids sampled so far.
+        logprobs: their logprobs.
+        top: per step ``(values, ids)`` of the ``top_logprobs`` alternatives.
+        cached: ids whose keys and values are in the batch's cache (the prompt, then each id once fed).
+        finish_reason: set when the row ends: ``stop``, ``length`` or ``abort``.
+    """
+
+    owner: Any
+    prompt: list[int]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_logprobs: int
+    stop_ids: frozenset[int]
+    admitted_s: float = field(default_factory=time.monotonic)
+    generated: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[tuple[list[float], list[int]]] = field(default_factory=list)
+    cached: int = 0
+    cached_prefix: int = 0
+    """Prompt ids whose keys and values came from the prefix cache."""
+    peak_batch: int = 0
+    finish_reason: str | None = None
+
+    def take(self, token_id: int, logprob: float, top: tuple[list[float], list[int]] | None) -> None:
+        self.generated.append(token_id)
+        self.logprobs.append(logprob)
+        if top is not None:
+            self.top.append(top)
+        if token_id in self.stop_ids:
+            self.finish_reason = "stop"
+        elif len(self.generated) >= self.max_tokens:
+            self.finish_reason = "length"
+
+
+class RunningBatch:
+    """The live rows and their keys/values: one ``(B, H, T, D)`` tensor pair per layer and a ``(B, T)`` mask.
+
+    All methods run in the backend's worker thread under ``torch.inference_mode()``.
+
+    Args:
+        model: the causal LM (a transformers model or a peft model around one).
+        device: where inputs go.
+        pad_token_id: the id written into padding (never attended to).
+        prefix_cache: where finished rows' keys and values are kept.
+    """
+
+    def __init__(self, model: Any, device: torch.device, pad_token_id: int, prefix_cache: PrefixCache) -> None:
+        self.model = model
+        self.device = device
+        self.pad_token_id = pad_token_id
+        self.prefix_cache = prefix_cache
+        self.rows: list[Row] = []
+        self._kv: KV = []
+        self._mask_BT: torch.Tensor | None = None
+        self._cache_kwarg = _cache_kwarg(model)
+        self.prefill_tokens = 0
+        """Prompt ids prefilled (not found in the prefix cache), since creation."""
+        self.padding_tokens = 0
+        """Padding ids prefilled alongside them, since creation."""
+
+    def set_model(self, model: Any) -> None:
+        """Run ``model`` from now on (between steps, with no live rows)."""
+        self.model = model
+        self._cache_kwarg = _cache_kwarg(model)
+
+    # -------------------------------------------------------------- joining
+
+    def admit(self, rows: list[Row]) -> None:
+        """Prefill ``rows`` (prefix cache first), sample each one's first id and add them to the running batch.
+        A row whose first id already ends it is added too (it leaves at the next :meth:`finished`)."""
+        if not rows:
+            return
+        prompts = [row.prompt for row in rows]
+        shared = common_prefix_length(prompts)
+        if shared >= 16:
+            have, _ = self.prefix_cache.lookup(prompts[0][:shared])
+            if have < shared - 8:  # prefill the burst's shared prefix once, then every row starts from it
+                self._prefill_prefix(prompts[0][:shared])
+        pasts: list[tuple[int, KV | None]] = []
+        for row in rows:
+            n, kv = self.prefix_cache.lookup(row.prompt)
+            n = min(n, len(row.prompt) - 1)  # at least one id runs, for the next-id logits
+            if kv is not None and n > 0:
+                kv = [(k[:, :, :n], v[:, :, :n]) for k, v in kv]
+            pasts.append((n, kv if n > 0 else None))
+            row.cached_prefix = n
+        suffix_lengths = [len(row.prompt) - n for row, (n, _) in zip(rows, pasts, strict=True)]
+        for group in prefill_groups(suffix_lengths):
+            self._prefill_group([rows[i] for i in group], [pasts[i] for i in group])
+        for row in self.rows:
+            row.peak_batch = max(row.peak_batch, len(self.rows))
+
+    def _prefill_prefix(self, tokens: list[int]) -> None:
+        kwargs = {"input_ids": torch.tensor([tokens], device=self.device), "use_cache": True, "logits_to_keep": 1}
+        out = self.model(**kwargs)
+        cache = _output_cache(out)
+        self.prefill_tokens += len(tokens)
+        self.prefix_cache.insert(tokens, [(k.clone(), v.clone()) for k, v in _layers(cache)])
+
+    def _prefill_group(self, rows: list[Row], pasts: list[tuple[int, KV | None]]) -> None:
+        G = len(rows)
+        past_len = max(n for n, _ in pasts)
+        suffixes = [row.prompt[n:] for row, (n, _) in zip(rows, pasts, strict=True)]
+        S = max(len(s) for s in suffixes)
+        input_ids = torch.full((G, S), self.pad_token_id, dtype=torch.long)
+        position_ids = torch.zeros((G, S), dtype=torch.long)
+        mask = torch.zeros((G, past_len + S), dtype=torch.long)
+        for g, ((n, _), suffix) in enumerate(zip(pasts, suffixes, strict=True)):
+            input_ids[g, S - len(suffix) :] = torch.tensor(suffix, dtype=torch.long)
+            position_ids[g, S - len(suffix) :] = torch.arange(n, n + len(suffix))
+            mask[g, past_len - n : past_len] = 1
+            mask[g, past_len + S - len(suffix) :] = 1
+            self.prefill_tokens += len(suffix)
+            self.padding_tokens += S - len(suffix)
+        cache = _as_cache(_stack_pasts(pasts, past_len) if past_len > 0 else [])
+        out = self.model(
+            input_ids=input_ids.to(self.device),
+            position_ids=position_ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_kwarg: cache},
+        )
+        group_kv = [(k, v) for k, v in _layers(_output_cache(out))]
+        for row, (n, _), suffix in zip(rows, pasts, suffixes, strict=True):
+            row.cached = n + len(suffix)
+        self._sample_into(rows, out.logits[:, -1, :])
+        self._join(group_kv, mask.to(self.device), rows)
+
+    def _join(self, kv: KV, mask_GT: torch.Tensor, rows: list[Row]) -> None:
+        if not self.rows:
+            self._kv, self._mask_BT, self.rows = kv, mask_GT, list(rows)
+            return
+        assert self._mask_BT is not None
+        T, Tg = self._mask_BT.shape[1], mask_GT.shape[1]
+        width = max(T, Tg)
+        self._kv = [
+            (
+                torch.cat([_left_pad(k, width), _left_pad(gk, width)]),
+                torch.cat([_left_pad(v, width), _left_pad(gv, width)]),
+            )
+            for (k, v), (gk, gv) in zip(self._kv, kv, strict=True)
+        ]
+        self._mask_BT = torch.cat([_left_pad_mask(self._mask_BT, width), _left_pad_mask(mask_GT, width)])
+        self.rows.extend(rows)
+
+    # -------------------------------------------------------------- stepping
+
+    def step(self) -> None:
+        """One decode step: feed every live row its last sampled id, sample the next one."""
+        live = [row for row in self.rows if row.finish_reason is None]
+        if not live:
+            return
+        assert self._mask_BT is not None
+        B = len(self.rows)
+        # Rows that already ended ride along for this step only when some other row did not; they leave at the
+        # next finished() call, which the backend makes before every step.
+        input_ids = torch.tensor([[row.generated[-1]] for row in self.rows], dtype=torch.long, device=self.device)
+        position_ids = torch.tensor([[row.cached] for row in self.rows], dtype=torch.long, device=self.device)
+        mask = torch.cat([self._mask_BT, torch.ones((B, 1), dtype=self._mask_BT.dtype, device=self.device)], dim=1)
+        cache = _as_cache(self._kv)
+        out = self.model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=mask,
+            use_cache=True,
+            **{self._cache_kwarg: cache},
+        )
+        self._kv = [(k, v) for k, v in _layers(_output_cache(out))]
+        self._mask_BT = mask
+        for row in self.rows:
+            row.cached += 1
+        self._sample_into(self.rows, out.logits[:, -1, :], only_live=True)
+        for row in self.rows:
+            row.peak_batch = max(row.peak_batch, B)
+
+    def _sample_into(self, rows: list[Row], logits_BV: torch.Tensor, only_live: bool = False) -> None:
+        k = max((row.top_logprobs for row in rows), default=0)
+        ids, logprobs, top = sample_rows(logits_BV, [r.temperature for r in rows], [r.top_p for r in rows], k)
+        ids_list, logprobs_list = ids.tolist(), logprobs.float().cpu().tolist()
+        top_values = top_ids = None
+        if top is not None:
+            top_values, top_ids = top[0].float().cpu().tolist(), top[1].cpu().tolist()
+        for b, row in enumerate(rows):
+            if only_live and row.finish_reason is not None:
+                continue
+            alternatives = None
+            if top_values is not None and top_ids is not None and row.top_logprobs > 0:
+                alternatives = (top_values[b][: row.top_logprobs], top_ids[b][: row.top_logprobs])
+            row.take(int(ids_list[b]), float(logprobs_list[b]), alternatives)
+
+    # -------------------------------------------------------------- leaving
+
+    def finished(self, should_stop: Callable[[Row], str | None]) -> list[Row]:
+        """Remove and return the rows that ended: by their own rule (stop id, ``max_tokens``), or because
+        ``should_stop(row)`` names a reason (``stop`` for a stop string, ``abort`` for a cancel). Their keys and
+        values go to the prefix cache."""
+        for row in self.rows:
+            if row.finish_reason is None:
+                reason = should_stop(row)
+                if reason is not None:
+                    row.finish_reason = reason
+        done = [b for b, row in enumerate(self.rows) if row.finish_reason is not None]
+        if not done:
+            return []
+        assert self._mask_BT is not None
+        ended = [self.rows[b] for b in done]
+        for b in done:
+            row = self.rows[b]
+            columns = self._mask_BT[b].nonzero().squeeze(1)
+            tokens = [*row.prompt, *row.generated][: row.cached]
+            if len(columns) == len(tokens):
+                self.prefix_cache.insert(
+                    tokens, [(k[b : b + 1, :, columns].clone(), v[b : b + 1, :, columns].clone()) for k, v in self._kv]
+                )
+        keep = [b for b in range(len(self.rows)) if b not in set(done)]
+        if not keep:
+            self.rows, self._kv, self._mask_BT = [], [], None
+            return ended
+        index = torch.tensor(keep, device=self.device)
+        mask = self._mask_BT.index_select(0, index)
+        first = int(mask.any(dim=0).nonzero()[0, 0])  # drop leading columns no live row attends to
+        self._mask_BT = mask[:, first:]
+        self._kv = [
+            (k.index_select(0, index)[:, :, first:], v.index_select(0, index)[:, :, first:]) for k, v in self._kv
+        ]
+        self.rows = [self.rows[b] for b in keep]
+        return ended
+
+    def reset(self) -> None:
+        """Drop every row (after a failed step: their state is unknown)."""
+        self.rows, self._kv, self._mask_BT = [], [], None
+
+    def cache_tokens(self) -> int:
+        """Columns of the running cache (``T``), 0 with no rows."""
+        return 0 if self._mask_BT is None else int(self._mask_BT.shape[1])
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def supports(model: Any) -> bool:
+    """Whether ``model``'s cache is plain full attention in every layer (what :class:`RunningBatch` keeps)."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return False
+    try:
+        layers = DynamicCache(config=config).layers
+    except Exception:
+        return False
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+
+def _cache_kwarg(model: Any) -> str:
+    """``cache`` (transformers >= 5.x renamed it) or ``past_key_values``: the forward's name for the cache."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    parameters = inspect.signature(type(base).forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def _as_cache(kv: KV) -> DynamicCache:
+    """A ``DynamicCache`` holding ``kv`` as it is (no copy; the forward's update concatenates into new tensors)."""
+    cache = DynamicCache()
+    for keys, values in kv:
+        layer = DynamicLayer()
+        layer.lazy_initialization(keys, values)
+        layer.keys, layer.values = keys, values
+        cache.layers.append(layer)
+    return cache
+
+
+def _output_cache(out: Any) -> Any:
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
+def _layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:
+    """``t`` ``(B, H, T, D)`` with zero columns in front up to ``width``."""
+    missing = width - t.shape[2]
+    if missing <= 0:
+        return t
+    return torch.cat([t.new_zeros((t.shape[0], t.shape[1], missing, t.shape[3])), t], dim=2)
+
+
+def _left_pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
+    missing = width - mask.shape[1]
+    if missing <= 0:
+        return mask
+    return torch.cat([mask.new_zeros((mask.shape[0], missing)), mask], dim=1)
+
+
+def _stack_pasts(pasts: list[tuple[int, KV | None]], past_len: int) -> KV:
+    """The group's past keys/values, ``(G, H, past_len, D)`` per layer, each row right-aligned."""
+    template = next(kv for _, kv in pasts if kv is not None)
+    stacked: KV = []
+    for layer, (k0, _) in enumerate(template):
+        keys, values = [], []
+        for _, kv in pasts:
+            if kv is None:
+                zeros = k0.new_zeros((1, k0.shape[1], past_len, k0.shape[3]))
+                keys.append(zeros)
+                values.append(zeros)
+            else:
+                keys.append(_left_pad(kv[layer][0], past_len))
+                values.append(_left_pad(kv[layer][1], past_len))
+        stacked.append((torch.cat(keys), torch.cat(values)))
+    return stacked
