@@ -195,7 +195,7 @@ def sample_rows(
         chosen[index] = scores[index].argmax(dim=-1)
     if sampled:
         index = torch.tensor(sampled, device=scores.device)
-        probs = logprobs_BV[index].exp()
+        probs = (logprobs_BV if len(sampled) == len(temperatures) else logprobs_BV[index]).exp()
         nucleus = [top_ps[b] for b in sampled]
         if any(p < 1.0 for p in nucleus):
             sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True)
@@ -203,13 +203,23 @@ def sample_rows(
             limit = torch.tensor(nucleus, dtype=torch.float32, device=scores.device).unsqueeze(1)
             sorted_probs = sorted_probs.masked_fill(before >= limit, 0.0)
             probs = torch.zeros_like(probs).scatter_(1, sorted_ids, sorted_probs)
-        chosen[index] = torch.multinomial(probs, 1).squeeze(1)
+        chosen[index] = _inverse_cdf_sample(probs)
     chosen_logprobs = logprobs_BV.gather(1, chosen.unsqueeze(1)).squeeze(1)
     top = None
     if top_k > 0:
         values, ids = torch.topk(logprobs_BV, top_k, dim=-1)
         top = (values, ids)
     return chosen, chosen_logprobs, top
+
+
+def _inverse_cdf_sample(probs_BV: torch.Tensor) -> torch.Tensor:
+    """One id per row drawn from ``probs_BV`` (rows need not sum to 1) by inverse-CDF sampling: a uniform draw
+    scaled to the row's total, located in the float64 cumulative sum. One random number per row, where
+    ``torch.multinomial`` draws one per vocabulary entry (81 ms for 16 rows of Qwen's 151,936 ids on 2 cores)."""
+    cdf = probs_BV.double().cumsum(dim=-1)
+    u = torch.rand((probs_BV.shape[0], 1), dtype=torch.float64, device=probs_BV.device) * cdf[:, -1:]
+    ids = torch.searchsorted(cdf, u, right=True).squeeze(1)
+    return ids.clamp_(max=probs_BV.shape[1] - 1)
 
 
 # ---------------------------------------------------------------------- the running batch

@@ -236,6 +236,8 @@ class EmbeddedBackend:
         num_threads: int | None = None,
         cache_dir: Path | str | None = None,
         model_name: str | None = None,
+        continuous_batching: bool = True,
+        prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
     ) -> EmbeddedBackend:
         """Load a model and start serving it.
 
@@ -254,6 +256,7 @@ class EmbeddedBackend:
             cache_dir: where embedded models are prepared (see ``prepare_model``).
             model_name: the served name; default the embedded model's name (also for a directory made by
                 ``prepare_model``), else the directory's name.
+            continuous_batching, prefix_cache_bytes: see :class:`EmbeddedBackend`.
 
         Raises:
             ConfigError: unknown model name, or a device that is not available.
@@ -293,6 +296,8 @@ class EmbeddedBackend:
             max_batch_size=max_batch_size,
             batch_wait_s=batch_wait_s,
             num_threads=num_threads,
+            continuous_batching=continuous_batching,
+            prefix_cache_bytes=prefix_cache_bytes,
         )
 
     # ------------------------------------------------------------------ training hooks
