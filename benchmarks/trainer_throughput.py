@@ -202,6 +202,7 @@ def run_agentbolt(spec: dict[str, Any], batch: dict[str, Any]) -> dict[str, Any]
         clip_high=0.28,
         loss_aggregation="token_mean",
         gradient_checkpointing=spec["gradient_checkpointing"],
+        shared_prefix_min_tokens=spec["shared_prefix_min_tokens"],
     )
     policy = attach_lora(_load_model(spec), config)
     trainer = TorchPolicyTrainer(policy, config, pad_token_id=batch["pad_token_id"])
@@ -429,6 +430,12 @@ def main() -> None:
     parser.add_argument("--lora-alpha", type=int, default=32)
     parser.add_argument("--learning-rate", type=float, default=1e-4)
     parser.add_argument("--gradient-checkpointing", action="store_true", help="on both sides (TRL's default is on)")
+    parser.add_argument(
+        "--shared-prefix-min-tokens",
+        type=int,
+        default=32,
+        help="agentbolt: forward the samples' common prefix once per micro-batch when at least this long (0: off)",
+    )
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     parser.add_argument("--steps", type=int, default=3, help="timed optimizer steps")
     parser.add_argument("--repeats", type=int, default=1, help="alternate the sides this many times")
@@ -477,6 +484,7 @@ def main() -> None:
         "gradient_checkpointing": args.gradient_checkpointing,
         "micro_batch_rows": args.micro_batch_rows,
         "micro_batch_tokens": args.micro_batch_rows * longest,
+        "shared_prefix_min_tokens": args.shared_prefix_min_tokens,
         "warmup": args.warmup,
         "steps": args.steps,
         "seed": args.seed,
@@ -490,6 +498,7 @@ def main() -> None:
         "dtype": args.dtype,
         "lora": f"r{args.lora_r}-a{args.lora_alpha}-all7",
         "gradient_checkpointing": args.gradient_checkpointing,
+        "shared_prefix_min_tokens": args.shared_prefix_min_tokens,
         "threads": args.threads,
         "sequences_per_step": n,
         "groups": args.groups,

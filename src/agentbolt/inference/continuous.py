@@ -291,7 +291,7 @@ class RunningBatch:
         self.rows: list[Row] = []
         self._kv: KV = []
         self._mask_BT: torch.Tensor | None = None
-        self._cache_kwarg = _cache_kwarg(model)
+        self._cache_kwarg = cache_kwarg(model)
         self.prefill_tokens = 0
         """Prompt ids prefilled (not found in the prefix cache), since creation."""
         self.padding_tokens = 0
@@ -300,7 +300,7 @@ class RunningBatch:
     def set_model(self, model: Any) -> None:
         """Run ``model`` from now on (between steps, with no live rows)."""
         self.model = model
-        self._cache_kwarg = _cache_kwarg(model)
+        self._cache_kwarg = cache_kwarg(model)
 
     # -------------------------------------------------------------- joining
 
@@ -332,9 +332,9 @@ class RunningBatch:
     def _prefill_prefix(self, tokens: list[int]) -> None:
         kwargs = {"input_ids": torch.tensor([tokens], device=self.device), "use_cache": True, "logits_to_keep": 1}
         out = self.model(**kwargs)
-        cache = _output_cache(out)
+        cache = output_cache(out)
         self.prefill_tokens += len(tokens)
-        self.prefix_cache.insert(tokens, [(k.clone(), v.clone()) for k, v in _layers(cache)])
+        self.prefix_cache.insert(tokens, [(k.clone(), v.clone()) for k, v in cache_layers(cache)])
 
     def _prefill_group(self, rows: list[Row], pasts: list[tuple[int, KV | None]]) -> None:
         G = len(rows)
@@ -351,7 +351,7 @@ class RunningBatch:
             mask[g, past_len + S - len(suffix) :] = 1
             self.prefill_tokens += len(suffix)
             self.padding_tokens += S - len(suffix)
-        cache = _as_cache(_stack_pasts(pasts, past_len) if past_len > 0 else [])
+        cache = as_cache(_stack_pasts(pasts, past_len) if past_len > 0 else [])
         out = self.model(
             input_ids=input_ids.to(self.device),
             position_ids=position_ids.to(self.device),
@@ -360,7 +360,7 @@ class RunningBatch:
             logits_to_keep=1,
             **{self._cache_kwarg: cache},
         )
-        group_kv = [(k, v) for k, v in _layers(_output_cache(out))]
+        group_kv = [(k, v) for k, v in cache_layers(output_cache(out))]
         for row, (n, _), suffix in zip(rows, pasts, suffixes, strict=True):
             row.cached = n + len(suffix)
         self._sample_into(rows, out.logits[:, -1, :])
@@ -397,7 +397,7 @@ class RunningBatch:
         input_ids = torch.tensor([[row.generated[-1]] for row in self.rows], dtype=torch.long, device=self.device)
         position_ids = torch.tensor([[row.cached] for row in self.rows], dtype=torch.long, device=self.device)
         mask = torch.cat([self._mask_BT, torch.ones((B, 1), dtype=self._mask_BT.dtype, device=self.device)], dim=1)
-        cache = _as_cache(self._kv)
+        cache = as_cache(self._kv)
         out = self.model(
             input_ids=input_ids,
             position_ids=position_ids,
@@ -405,7 +405,7 @@ class RunningBatch:
             use_cache=True,
             **{self._cache_kwarg: cache},
         )
-        self._kv = [(k, v) for k, v in _layers(_output_cache(out))]
+        self._kv = [(k, v) for k, v in cache_layers(output_cache(out))]
         self._mask_BT = mask
         for row in self.rows:
             row.cached += 1
@@ -490,14 +490,14 @@ def supports(model: Any) -> bool:
     return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
 
 
-def _cache_kwarg(model: Any) -> str:
+def cache_kwarg(model: Any) -> str:
     """``cache`` (transformers >= 5.x renamed it) or ``past_key_values``: the forward's name for the cache."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     parameters = inspect.signature(type(base).forward).parameters
     return "cache" if "cache" in parameters else "past_key_values"
 
 
-def _as_cache(kv: KV) -> DynamicCache:
+def as_cache(kv: KV) -> DynamicCache:
     """A ``DynamicCache`` holding ``kv`` as it is (no copy; the forward's update concatenates into new tensors)."""
     cache = DynamicCache()
     for keys, values in kv:
@@ -508,12 +508,14 @@ def _as_cache(kv: KV) -> DynamicCache:
     return cache
 
 
-def _output_cache(out: Any) -> Any:
+def output_cache(out: Any) -> Any:
+    """The cache a forward returned (``cache`` in transformers >= 5.x, ``past_key_values`` before)."""
     cache = getattr(out, "cache", None)
     return cache if cache is not None else out.past_key_values
 
 
-def _layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer ``(keys, values)`` of a ``DynamicCache``."""
     return [(layer.keys, layer.values) for layer in cache.layers]
 
 

@@ -57,6 +57,7 @@ from agentbolt.adapter.samples import TrainingSample, plan_micro_batches
 from agentbolt.algorithms.rl.losses import ppo_clip_loss, rollout_mean_weights
 from agentbolt.algorithms.rl.trainer_config import TorchTrainerConfig
 from agentbolt.errors import ConfigError
+from agentbolt.inference.continuous import as_cache, cache_kwarg, cache_layers, common_prefix_length, output_cache
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -150,6 +151,7 @@ class TorchPolicyTrainer:
                     "as lm_head(decoder(x)) and does not support it"
                 )
         self._decoder = base.get_decoder()
+        self._cache_kwarg = cache_kwarg(self._decoder)
         head = base.get_output_embeddings()
         if not isinstance(head, torch.nn.Module):
             raise ConfigError(f"{type(base).__name__} has no output embedding (lm_head) module")
@@ -179,8 +181,11 @@ class TorchPolicyTrainer:
             ``ratio_mean``, ``grad_norm`` (before clipping; ``nan`` when no step was taken), ``value_loss`` and
             ``value_mean`` (the value head's loss and mean estimate over trained tokens; ``nan`` without gae),
             ``stepped`` (1.0 or 0.0), ``n_samples`` (trained), ``n_skipped_zero_advantage``,
-            ``n_skipped_no_loss_tokens``, ``n_tokens`` (non-padding tokens forwarded), ``n_loss_tokens``,
-            ``n_padding_tokens``, ``n_micro_batches``, ``tokens_per_s``, ``train_step_s``, ``learning_rate``,
+            ``n_skipped_no_loss_tokens``, ``n_tokens`` (non-padding tokens of the samples), ``n_loss_tokens``,
+            ``n_padding_tokens``, ``n_forwarded_positions`` (positions the decoder actually ran, padding included,
+            the shared prefix counted once per micro-batch), ``shared_prefix_tokens`` (see
+            ``TorchTrainerConfig.shared_prefix_min_tokens``; 0 when not used), ``n_micro_batches``, ``tokens_per_s``,
+            ``train_step_s``, ``learning_rate``,
             ``peak_rss_bytes`` (process peak resident memory so far) and, on CUDA, ``peak_device_memory_bytes``
             (peak bytes allocated by torch on the device during this step: the counter is reset when it starts).
             ``train_step_s`` is wall-clock seconds (after a device synchronize on CUDA); ``tokens_per_s`` is
@@ -216,6 +221,8 @@ class TorchPolicyTrainer:
                 "n_tokens": 0.0,
                 "n_loss_tokens": 0.0,
                 "n_padding_tokens": 0.0,
+                "n_forwarded_positions": 0.0,
+                "shared_prefix_tokens": 0.0,
                 "n_micro_batches": 0.0,
             }
             not_measured = {
@@ -234,7 +241,8 @@ class TorchPolicyTrainer:
         # token_mean divides by the batch's trained tokens, sequence_mean by its sequences (see ppo_clip_loss)
         token_mean = self.config.loss_aggregation == "token_mean"
         normalizer = float(total_loss_tokens) if token_mean else float(len(kept))
-        plan = plan_micro_batches([s.n_tokens for s in kept], self.config.micro_batch_tokens)
+        prefix_len = self._shared_prefix_length(kept)
+        plan = plan_micro_batches([s.n_tokens - prefix_len for s in kept], self.config.micro_batch_tokens)
         # rollout_mean: per-token weights over the whole batch, so each rollout weighs the same however split
         weights = (
             rollout_mean_weights([s.rollout_id for s in kept], [s.n_loss_tokens for s in kept])
@@ -244,14 +252,14 @@ class TorchPolicyTrainer:
 
         loss_sum = 0.0
         kl_sum = clip_sum = ratio_sum = kl_ref_sum = value_loss_sum = value_sum = 0.0
-        n_padding = 0
+        n_padding = n_forwarded = 0
         self.optimizer.zero_grad(set_to_none=True)
         self.model.train()
         try:
             for indices in plan:
                 batch = [kept[i] for i in indices]
                 tensors = self._collate(batch)
-                logprobs, values = self._token_logprobs_and_values(tensors)
+                logprobs, values = self._token_logprobs_and_values(tensors, prefix_len=prefix_len)
                 ref_logprobs = None
                 if self.config.kl_coef > 0:
                     with torch.no_grad(), self.model.disable_adapter():
@@ -290,6 +298,7 @@ class TorchPolicyTrainer:
                 clip_sum += loss_stats.clip_fraction * n
                 ratio_sum += loss_stats.ratio_mean * n
                 n_padding += len(batch) * max(s.n_tokens for s in batch) - sum(s.n_tokens for s in batch)
+                n_forwarded += prefix_len + len(batch) * (max(s.n_tokens for s in batch) - prefix_len)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self._params, self.config.max_grad_norm).item())
             stepped = math.isfinite(grad_norm)
             if stepped:
@@ -314,6 +323,8 @@ class TorchPolicyTrainer:
             n_tokens=float(n_tokens),
             n_loss_tokens=float(total_loss_tokens),
             n_padding_tokens=float(n_padding),
+            n_forwarded_positions=float(n_forwarded),
+            shared_prefix_tokens=float(prefix_len),
             n_micro_batches=float(len(plan)),
         )
         return self._finish(stats, start, n_tokens=n_tokens)
@@ -359,8 +370,12 @@ class TorchPolicyTrainer:
         self.model.eval()
         out: list[list[float]] = [[] for _ in samples]
         try:
-            for indices in plan_micro_batches([s.n_tokens for s in samples], self.config.micro_batch_tokens):
-                computed = compute(self._collate([samples[i] for i in indices])).cpu()
+            prefix_len = self._shared_prefix_length(samples)
+            budget = self.config.micro_batch_tokens
+            for indices in plan_micro_batches([s.n_tokens - prefix_len for s in samples], budget):
+                tensors = self._collate([samples[i] for i in indices])
+                tensors["prefix_len"] = torch.tensor(prefix_len)
+                computed = compute(tensors).cpu()
                 for row, i in enumerate(indices):
                     n = samples[i].n_tokens
                     values = [0.0, *computed[row, : n - 1].tolist()]
@@ -500,17 +515,60 @@ class TorchPolicyTrainer:
         trained positions (``loss_mask[b, t + 1] == 1``), 0 elsewhere. Differentiable when grad is enabled."""
         return self._token_logprobs_and_values(tensors, values=False)[0]
 
+    def _shared_prefix_length(self, samples: Sequence[TrainingSample]) -> int:
+        """How many leading ids every sample shares and may be forwarded once (see
+        ``TorchTrainerConfig.shared_prefix_min_tokens``): the common prefix, cut one id before the earliest trained
+        token (so every trained token is predicted from a position after it), 0 when shorter than the setting."""
+        minimum = self.config.shared_prefix_min_tokens
+        if minimum <= 0 or self.config.gradient_checkpointing or len(samples) < 2:
+            return 0
+        first_trained = min(s.loss_mask.index(1) if 1 in s.loss_mask else s.n_tokens for s in samples)
+        shared = min(common_prefix_length([s.input_ids for s in samples]), first_trained - 1)
+        return shared if shared >= minimum else 0
+
+    def _hidden_states(self, tensors: dict[str, torch.Tensor], prefix_len: int) -> torch.Tensor:
+        """``(B, T, H)`` last hidden states of the right-padded micro-batch, in the model's dtype. With
+        ``prefix_len`` P > 0 (every row's first P ids are the same): the prefix runs once, batch 1, and its keys and
+        values are expanded (a view) to every row; the rows run from position P with that cache. The autograd
+        graph goes through the expansion, so the prefix's share of the gradient is the sum over rows, as in the
+        full forward."""
+        input_ids = tensors["input_ids"]
+        if prefix_len <= 0:
+            return self._decoder(input_ids=input_ids, attention_mask=tensors["attention_mask"], use_cache=False)[
+                "last_hidden_state"
+            ]
+        rows, width = input_ids.shape
+        head = self._decoder(input_ids=input_ids[:1, :prefix_len], use_cache=True)
+        shared = as_cache(
+            [(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in cache_layers(output_cache(head))]
+        )
+        positions = torch.arange(prefix_len, width, device=input_ids.device).unsqueeze(0).expand(rows, -1)
+        tail = self._decoder(
+            input_ids=input_ids[:, prefix_len:],
+            attention_mask=tensors["attention_mask"],
+            position_ids=positions,
+            use_cache=True,
+            **{self._cache_kwarg: shared},
+        )
+        return torch.cat([head["last_hidden_state"].expand(rows, -1, -1), tail["last_hidden_state"]], dim=1)
+
     def _token_logprobs_and_values(
-        self, tensors: dict[str, torch.Tensor], *, logprobs: bool = True, values: bool = True
+        self,
+        tensors: dict[str, torch.Tensor],
+        *,
+        logprobs: bool = True,
+        values: bool = True,
+        prefix_len: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One decoder forward: the token logprobs of :meth:`_token_logprobs` (zeros when ``logprobs`` is False)
         and, with a value head and ``values``, ``(B, T - 1)`` float32 values aligned the same way (entry ``[b, t]``
-        is the value of the state before token ``t + 1``), else ``None``."""
+        is the value of the state before token ``t + 1``), else ``None``. ``prefix_len``: see
+        :meth:`_hidden_states` (default ``tensors["prefix_len"]`` when present, else 0)."""
         input_ids = tensors["input_ids"]
         predicted = tensors["loss_mask"][:, 1:].to(torch.bool)  # (B, T-1)
-        hidden = self._decoder(
-            input_ids=input_ids, attention_mask=tensors["attention_mask"], use_cache=False
-        ).last_hidden_state  # (B, T, H), model dtype
+        if prefix_len is None:
+            prefix_len = int(tensors["prefix_len"]) if "prefix_len" in tensors else 0
+        hidden = self._hidden_states(tensors, prefix_len)  # (B, T, H), model dtype
         hidden_NH = hidden[:, :-1][predicted]  # (N, H): the positions that predict a trained token
         value_out = None
         if values and self.value_head is not None:
