@@ -9,7 +9,7 @@ FRAMEWORKS := openai_plain langgraph openai_agents autogen crewai
 FRAMEWORK_ENVS := .venv-frameworks
 FRAMEWORK_STAMPS := $(FRAMEWORKS:%=$(FRAMEWORK_ENVS)/%/.agentbolt-installed)
 
-.PHONY: setup framework-envs demo test lint typecheck unit clean
+.PHONY: setup framework-envs bench-deps demo test lint typecheck unit clean
 
 setup: $(STAMP)
 
@@ -23,6 +23,17 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 framework-envs: $(FRAMEWORK_STAMPS)
+
+# Only for benchmarks/generation.py's llamacpp arm (not part of setup: building llama.cpp takes ~10 minutes on two
+# cores): llama-cpp-python built from source for this CPU, and its source tree for llama.cpp's GGUF converter.
+LLAMA_CPP_PYTHON := 0.3.36
+bench-deps: setup
+	CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" $(BIN)/python -m pip install \
+		--quiet --no-binary llama-cpp-python llama-cpp-python==$(LLAMA_CPP_PYTHON)
+	mkdir -p .agentbolt/llama-src
+	$(BIN)/python -m pip download --quiet --no-deps --no-binary :all: -d .agentbolt/llama-src \
+		llama-cpp-python==$(LLAMA_CPP_PYTHON)
+	tar xzf .agentbolt/llama-src/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C .agentbolt/llama-src
 
 # Remade from scratch when its requirements or agentbolt's dependencies change; fails if torch got in.
 $(FRAMEWORK_ENVS)/%/.agentbolt-installed: examples/frameworks/%/requirements.txt pyproject.toml scripts/build_framework_env.sh

@@ -96,7 +96,9 @@ of 282 tokens took 6-8 s of CPU with 2 threads against 0.3 s with 1. Each level 
 process's CPU seconds in the level; far above ``threads * wall_s`` of useful work shows the spinning) and
 ``load_avg_1m``; on such a machine use ``--threads 1``.
 
-Setup (llama.cpp's converter, once; llama-cpp-python itself is in the venv)::
+Setup, once, for the llamacpp arm: ``make bench-deps`` builds llama-cpp-python from source for this CPU (about ten
+minutes on two cores) and unpacks its source, with llama.cpp's converter, into ``.agentbolt/llama-src`` (the default
+``--llama-cpp-src``). By hand::
 
     .venv/bin/pip download llama-cpp-python==0.3.36 --no-deps --no-binary :all: -d /tmp/llsrc
     tar xzf /tmp/llsrc/llama_cpp_python-0.3.36.tar.gz -C /tmp/llsrc
@@ -106,7 +108,7 @@ Setup (llama.cpp's converter, once; llama-cpp-python itself is in the venv)::
 Usage::
 
     .venv/bin/python benchmarks/generation.py --quick --out /tmp/gen-quick.jsonl         # smoke: smollm2, c=1,4
-    .venv/bin/python benchmarks/generation.py --llama-cpp-src /tmp/llsrc/llama_cpp_python-0.3.36
+    .venv/bin/python benchmarks/generation.py            # all arms, qwen2.5-0.5b, c=1,4,8,16,32 (~15 min)
     .venv/bin/python benchmarks/generation.py --arms gateway-continuous,gateway-generate --concurrency 8,16
 """
 
@@ -131,6 +133,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+
+from machine_info import cpu_model
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("gateway-continuous", "gateway-generate", "transformers-generate", "llamacpp")
@@ -721,7 +725,7 @@ def find_gguf(args: argparse.Namespace, directory: Path) -> tuple[Path | None, s
             if not args.llama_cpp_src
             else f"no convert_hf_to_gguf.py under {args.llama_cpp_src}"
         )
-        return None, f"no GGUF at {path} and {why} to convert one (see the module docstring, Setup)"
+        return None, f"no GGUF at {path} and {why} to convert one (run make bench-deps; see the module docstring)"
     cache.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
     cmd = [sys.executable, "-c", CONVERT_BOOTSTRAP, str(script), str(directory)]
@@ -828,16 +832,6 @@ def run_llamacpp_arm(
 # machine, summary, table
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def _git_commit() -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
@@ -864,7 +858,7 @@ def machine_line(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
         "kind": "machine",
         "model": args.model,
         "model_dir": str(directory),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpus": os.cpu_count(),
         "threads": args.threads,
         "load_avg": [round(x, 2) for x in os.getloadavg()],
@@ -966,7 +960,11 @@ def main() -> None:
     parser.add_argument("--gguf", help="GGUF of the same weights for the llamacpp arm")
     parser.add_argument("--gguf-type", choices=("bf16", "f16"), default="bf16")
     parser.add_argument("--gguf-dir", help="where converted GGUFs are kept (default <agentbolt cache>/gguf)")
-    parser.add_argument("--llama-cpp-src", help="llama.cpp source (or extracted llama-cpp-python sdist) to convert")
+    parser.add_argument(
+        "--llama-cpp-src",
+        default=str(REPO_ROOT / ".agentbolt" / "llama-src" / "llama_cpp_python-0.3.36"),
+        help="llama.cpp source (or the extracted llama-cpp-python sdist) to convert (default: make bench-deps puts it)",
+    )
     parser.add_argument("--bandwidth-gib", type=float, default=1.0, help="size of the bandwidth probe's tensor")
     parser.add_argument("--bandwidth-repeats", type=int, default=7)
     parser.add_argument("--timeout-s", type=float, default=3600, help="per gateway request")

@@ -69,7 +69,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import resource
 import statistics
@@ -79,6 +78,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from machine_info import cpu_model
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -392,16 +393,6 @@ def _git_commit() -> str:
         return "unknown"
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def _run_side(side: str, python: str, src: str, spec_path: Path, timeout_s: float) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(
@@ -507,7 +498,7 @@ def main() -> None:
         "micro_batch_rows": args.micro_batch_rows,
         "tokens_per_step": tokens,
         "trained_tokens_per_step": trained_tokens,
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpus": os.cpu_count(),
         "commit": _git_commit(),
         "agentbolt_src": args.agentbolt_src,

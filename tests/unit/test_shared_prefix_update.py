@@ -1,11 +1,11 @@
 """The shared-prefix forward of the torch trainer gives the loss and gradients of the full forward.
 
-A small Qwen2 (2 layers, random weights, float64, so that only the order of sums differs; the trainer's
-log-softmax runs in float32, so gradients agree to float32 rounding: each tensor's difference is below 1e-6 of its
-norm; measured 1.9e-8) with LoRA adapters whose
-B matrices are random (fresh adapters have B = 0, which would hide the gradient of A). Samples share a 24-token
-prefix (a "system prompt"), then differ; two of them share their whole prompt (a GRPO group). The same train step
-runs on two copies of the model, with the shared prefix on and off.
+A small Qwen2 (``tiny_models.tiny_qwen2``: 2 layers, random weights) in float64, so that only the order of sums
+differs (the trainer's log-softmax runs in float32, so gradients agree to float32 rounding: each tensor's
+difference is below 1e-6 of its norm; measured 1.9e-8), with LoRA adapters whose B matrices are random (fresh
+adapters have B = 0, which would hide the gradient of A). Samples share a 24-token prefix (a "system prompt"), then
+differ; two of them share their whole prompt (a GRPO group). The same train step runs on two copies of the model,
+with the shared prefix on and off.
 """
 
 from __future__ import annotations
@@ -16,27 +16,16 @@ import random
 import pytest
 
 torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
+
+from tiny_models import tiny_qwen2  # noqa: E402
 
 from agentbolt.adapter.samples import TrainingSample  # noqa: E402
 from agentbolt.algorithms.rl.torch_backend import TorchPolicyTrainer, TorchTrainerConfig, attach_lora  # noqa: E402
 
 
 def _model() -> object:
-    torch.manual_seed(0)
-    config = transformers.Qwen2Config(
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-    )
-    model = transformers.AutoModelForCausalLM.from_config(config).to(torch.float64)
-    model.eval()
-    return model
+    return tiny_qwen2(128, max_positions=256).to(torch.float64)
 
 
 def _samples(seed: int = 1) -> list[TrainingSample]:
