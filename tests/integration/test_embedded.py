@@ -339,3 +339,26 @@ def test_a_peft_model_swapped_in_generates_and_in_place_updates_take_effect(mode
         assert moved.response_logprobs != pytest.approx(base.response_logprobs, abs=1e-3)
     finally:
         asyncio.run(served.close())
+
+
+def test_close_ends_running_rows_at_once(model_dir: Path) -> None:
+    """A row of the running batch does not keep the backend (and a server's shutdown) busy until its max_tokens:
+    close() answers it with BackendError within a step or two."""
+    served = EmbeddedBackend.load(model_dir, num_threads=2)
+
+    async def scenario() -> float:
+        prompts = ["Tell a very long story.", "Write a long poem about the sea.", "List 100 animals.", "Count to 500."]
+        rows = [
+            asyncio.ensure_future(served.generate(_ask(text, max_tokens=4000, temperature=1.0))) for text in prompts
+        ]
+        await asyncio.sleep(1.5)
+        running = [row for row in rows if not row.done()]  # a row may have met its end-of-turn token already
+        assert running
+        started_s = time.monotonic()
+        await served.close()
+        for row in running:
+            with pytest.raises(BackendError, match="closed while this request was generating"):
+                await row
+        return time.monotonic() - started_s
+
+    assert asyncio.run(scenario()) < 5.0

@@ -310,7 +310,7 @@ class RunningBatch:
         if not rows:
             return
         prompts = [row.prompt for row in rows]
-        shared = common_prefix_length(prompts)
+        shared = common_prefix_length(prompts) if self.prefix_cache.max_bytes > 0 else 0
         if shared >= 16:
             have, _ = self.prefix_cache.lookup(prompts[0][:shared])
             if have < shared - 8:  # prefill the burst's shared prefix once, then every row starts from it

@@ -211,6 +211,10 @@ class EmbeddedBackend:
         """Keys and values of recent sequences (:mod:`agentbolt.inference.continuous`); emptied when the weights
         change."""
         self._continuous_batching = continuous_batching
+        self.admit_group = 4
+        """With rows running, queued requests join together once this many wait (see :meth:`_admit_now`)."""
+        self.admit_wait_s = 0.25
+        """... or once the oldest has waited this long (seconds)."""
         self._engine_ok = continuous_batching and supports_continuous(model)
         self._batch = RunningBatch(model, self.device, self.pad_token_id, self.prefix_cache)
         self._prefix_stale = False
@@ -475,7 +479,8 @@ class EmbeddedBackend:
         return pending
 
     async def close(self) -> None:
-        """Stop the worker after its running batch; queued requests get BackendError. Idempotent."""
+        """Stop the worker: queued requests and the running batch's rows get BackendError at once (a
+        ``model.generate`` batch already started is waited for). Idempotent."""
         with self._cond:
             self._closed = True
             dropped = list(self._queue)
@@ -514,6 +519,8 @@ class EmbeddedBackend:
             try:
                 if kind == "generate":
                     self._run_generate(taken)
+                elif kind == "close":
+                    self._end_running_rows()
                 else:
                     self._run_engine(taken)
             finally:
@@ -531,10 +538,13 @@ class EmbeddedBackend:
                 running = bool(self._batch.rows)
                 while not running and not self._closed and (self._pause_count > 0 or not self._queue):
                     self._cond.wait()
-                if self._closed and not running:
+                if self._closed:
+                    if running:
+                        self._busy = True
+                        return "close", []
                     return None
-                if self._pause_count > 0 or self._closed:
-                    if running:  # drain: no new rows while a pause waits or the backend closes
+                if self._pause_count > 0:
+                    if running:  # drain: no new rows while a pause waits
                         self._busy = True
                         return "engine", []
                     continue
@@ -558,7 +568,7 @@ class EmbeddedBackend:
                         return "generate", batch
                     continue
                 admitted: list[_Pending] = []
-                if not legacy_waiting:  # a waiting generate() request lets the running batch drain first
+                if not legacy_waiting and self._admit_now(running):
                     free = self.max_batch_size - len(self._batch.rows)
                     for pending in list(self._queue):
                         if len(admitted) >= free:
@@ -568,6 +578,22 @@ class EmbeddedBackend:
                 if running or admitted:
                     self._busy = True
                     return "engine", admitted
+
+    def _admit_now(self, running: bool) -> bool:
+        """Whether the queued requests join the running batch before this step. A join prefills, and a prefill
+        reads all the weights like a decode step does, stalling the running rows for about one step whether it
+        prefills one prompt or several: with rows running, requests join in groups of ``admit_group`` (or as many
+        as there are free slots), or once the oldest has waited ``admit_wait_s``."""
+        if not self._queue:
+            return False
+        if not running:
+            return True
+        free = self.max_batch_size - len(self._batch.rows)
+        if free <= 0:
+            return False
+        if len(self._queue) >= min(free, self.admit_group):
+            return True
+        return time.monotonic() - self._queue[0].enqueued_s >= self.admit_wait_s
 
     def _drop_cancelled(self) -> None:
         """Take out of the queue the requests nobody waits for, and answer the streams cancelled before they
@@ -664,6 +690,13 @@ class EmbeddedBackend:
             if was_training:
                 model.train()
             self.stats.generation_s += time.monotonic() - started_s
+
+    def _end_running_rows(self) -> None:
+        """The backend is closing: the running rows get BackendError now instead of running to ``max_tokens``."""
+        pending = [row.owner for row in self._batch.rows]
+        self._batch.reset()
+        for owner in pending:
+            _resolve(owner, BackendError("the embedded backend was closed while this request was generating"))
 
     def _row_of(self, pending: _Pending) -> Row:
         request = pending.request
