@@ -29,7 +29,8 @@ there is refused. Recorded fields go to ``CallSpec.attributes`` under ``agentbol
   thinking, so they can only come from another model); server-tool blocks (``server_tool_use``,
   ``*_tool_result``, ``container_upload``...). A last ``assistant`` turn (prefill) is refused: the backends render
   whole turns and cannot continue a partial one.
-- ``cache_control`` on blocks and tools is ignored (a caching hint: the gateway has no prompt cache), and so are
+- ``cache_control`` on blocks and tools is ignored (a caching hint: the embedded backend caches prompt prefixes on
+  its own, whatever the hint says), and so are
   ``citations`` (they point into documents, which are refused).
 
 ``temperature``, ``top_p`` and ``top_k`` are in the API reference but no longer in the ``anthropic`` SDK 2.15
@@ -85,8 +86,8 @@ MESSAGES_FIELDS: Final[Mapping[str, str]] = {
     "metadata": "recorded",
     "service_tier": "recorded (the gateway has one tier)",
     "speed": "recorded (the gateway has one speed)",
-    "cache_control": "accepted, ignored: a caching hint (the gateway has no prompt cache)",
-    "diagnostics": "accepted, ignored: prompt-cache miss reports (there is no cache to miss)",
+    "cache_control": "accepted, ignored: a caching hint (the embedded backend caches prompt prefixes on its own)",
+    "diagnostics": "accepted, ignored: prompt-cache miss reports (not produced)",
     "inference_geo": "accepted, ignored",
     "user_profile_id": "accepted, ignored (Anthropic account routing)",
     "workspace_id": "accepted, ignored (Anthropic account routing)",
@@ -631,7 +632,7 @@ def message_body(output: ChoiceOutput, *, message_id: str, model: str) -> dict[s
     ``content``: a ``text`` block when ``output.content`` is not ``None``, then one ``tool_use`` block per tool call
     (``id`` the call's id, ``input`` by :func:`tool_input`). ``stop_reason``: :func:`stop_reason`;
     ``stop_sequence``: the stop string when ``stop_reason`` is ``stop_sequence``, else ``None``. ``usage``: the
-    exact prompt and response token counts; cache counts 0 (the gateway has no prompt cache).
+    exact prompt and response token counts; cache counts 0 (cache hits of the embedded backend are not reported yet).
     """
     content: list[dict[str, Any]] = []
     if output.content is not None:
