@@ -134,7 +134,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from machine_info import cpu_model
+from machine_info import cpu_model, git_commit
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("gateway-continuous", "gateway-generate", "transformers-generate", "llamacpp")
@@ -832,15 +832,6 @@ def run_llamacpp_arm(
 # machine, summary, table
 
 
-def _git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO_ROOT, capture_output=True, text=True)
-        return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-    except OSError:
-        return "unknown"
-
-
 def machine_line(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
     import torch
     import transformers
@@ -864,7 +855,7 @@ def machine_line(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
         "load_avg": [round(x, 2) for x in os.getloadavg()],
         **versions,
         "python": platform.python_version(),
-        "commit": _git_commit(),
+        "commit": git_commit(REPO_ROOT),
         "arms": args.arm_list,
         "concurrency": args.levels,
         "max_tokens": args.max_tokens,

@@ -4,6 +4,7 @@ folder is on ``sys.path``)."""
 from __future__ import annotations
 
 import platform
+import subprocess
 from pathlib import Path
 
 
@@ -16,3 +17,13 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor()
+
+
+def git_commit(repo: Path) -> str:
+    """``repo``'s short HEAD commit, ``-dirty`` when its tree has changes; ``unknown`` without git."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True)
+        return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except OSError:
+        return "unknown"

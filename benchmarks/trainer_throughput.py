@@ -79,7 +79,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from machine_info import cpu_model
+from machine_info import cpu_model, git_commit
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -384,15 +384,6 @@ def child_main(side: str, spec_path: str) -> None:
 # parent
 
 
-def _git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO_ROOT, capture_output=True, text=True)
-        return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-    except OSError:
-        return "unknown"
-
-
 def _run_side(side: str, python: str, src: str, spec_path: Path, timeout_s: float) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(
@@ -500,7 +491,7 @@ def main() -> None:
         "trained_tokens_per_step": trained_tokens,
         "cpu": cpu_model(),
         "cpus": os.cpu_count(),
-        "commit": _git_commit(),
+        "commit": git_commit(REPO_ROOT),
         "agentbolt_src": args.agentbolt_src,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
