@@ -360,7 +360,7 @@ class RunningBatch:
             logits_to_keep=1,
             **{self._cache_kwarg: cache},
         )
-        group_kv = [(k, v) for k, v in cache_layers(output_cache(out))]
+        group_kv = cache_layers(output_cache(out))
         for row, (n, _), suffix in zip(rows, pasts, suffixes, strict=True):
             row.cached = n + len(suffix)
         self._sample_into(rows, out.logits[:, -1, :])
@@ -392,8 +392,7 @@ class RunningBatch:
             return
         assert self._mask_BT is not None
         B = len(self.rows)
-        # Rows that already ended ride along for this step only when some other row did not; they leave at the
-        # next finished() call, which the backend makes before every step.
+        # The backend calls finished() before every step, so every row here is live.
         input_ids = torch.tensor([[row.generated[-1]] for row in self.rows], dtype=torch.long, device=self.device)
         position_ids = torch.tensor([[row.cached] for row in self.rows], dtype=torch.long, device=self.device)
         mask = torch.cat([self._mask_BT, torch.ones((B, 1), dtype=self._mask_BT.dtype, device=self.device)], dim=1)
@@ -405,7 +404,7 @@ class RunningBatch:
             use_cache=True,
             **{self._cache_kwarg: cache},
         )
-        self._kv = [(k, v) for k, v in cache_layers(output_cache(out))]
+        self._kv = cache_layers(output_cache(out))
         self._mask_BT = mask
         for row in self.rows:
             row.cached += 1

@@ -562,7 +562,7 @@ class EmbeddedBackend:
                 self._drop_cancelled()
                 legacy_waiting = any(not self._fast_path(p) for p in self._queue)
                 if legacy_waiting and not running:
-                    batch = self._take_batch(fast=False)
+                    batch = self._take_batch()
                     if batch:
                         self._busy = True
                         return "generate", batch
@@ -609,12 +609,12 @@ class EmbeddedBackend:
         self._queue.clear()
         self._queue.extend(live)
 
-    def _take_batch(self, fast: bool = False) -> list[_Pending]:
-        """Remove from the queue the oldest request that the engine does not take (``fast=False``) and the queued
+    def _take_batch(self) -> list[_Pending]:
+        """Remove from the queue the oldest request that the engine does not take and the queued
         ones that can share its ``model.generate`` batch: same temperature and top_p, no seed, and the padded prompt
         plus the longest ``max_tokens`` fits the context. A seeded request runs alone (the seed sets the sampling RNG
         for the whole batch)."""
-        live = [p for p in self._queue if self._fast_path(p) == fast]
+        live = [p for p in self._queue if not self._fast_path(p)]
         if not live:
             return []
         first = live[0]
@@ -673,7 +673,7 @@ class EmbeddedBackend:
                 self._stream_new_ids(rows)
                 self._answer(engine.finished(self._should_stop))
                 if engine.rows:
-                    live = [row for row in engine.rows]
+                    live = list(engine.rows)
                     engine.step()
                     self.stats.decode_steps += 1
                     self.stats.decode_rows += len(live)
