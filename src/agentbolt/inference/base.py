@@ -196,6 +196,40 @@ class GenerationResult:
         return self.completion_tokens if self.completion_tokens is not None else len(self.response_token_ids)
 
 
+@dataclass
+class ThroughputStats:
+    """Counters since load (read them for tokens/s reports; they only grow).
+
+    Attributes:
+        generated_tokens: response ids returned (after the per-request cut), summed over requests.
+        generation_s: wall seconds spent generating (inside ``model.generate`` or the running batch; for a remote
+            engine, seconds with at least one request in flight).
+        batches: batches run.
+        requests: requests answered (successfully) by those batches.
+        failed_requests: requests that got a BackendError from the worker.
+        decode_steps: forward passes that generated one id per row (a ``model.generate`` batch counts once).
+        decode_rows: rows in those passes, summed (a ``model.generate`` batch counts its requests).
+    """
+
+    generated_tokens: int = 0
+    generation_s: float = 0.0
+    batches: int = 0
+    requests: int = 0
+    failed_requests: int = 0
+    decode_steps: int = 0
+    decode_rows: int = 0
+
+    @property
+    def mean_batch_size(self) -> float:
+        """Rows per decode step (0.0 before the first one)."""
+        return self.decode_rows / self.decode_steps if self.decode_steps else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens per second of generation time (0.0 before the first batch)."""
+        return self.generated_tokens / self.generation_s if self.generation_s else 0.0
+
+
 @runtime_checkable
 class InferenceBackend(Protocol):
     """An inference backend behind the gateway."""

@@ -53,18 +53,15 @@ from transformers import (
     PreTrainedTokenizerBase,
     StoppingCriteriaList,
 )
-from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from agentbolt.errors import BackendError, ConfigError
 from agentbolt.inference.base import (
-    TOP_LOGPROBS_MAX,
     ContextLengthExceededError,
     FinishReason,
     GenerationRequest,
     GenerationResult,
     RequestRefused,
 )
-from agentbolt.inference.chat_format import normalize_messages, tools_in_system_message
 from agentbolt.inference.continuous import PrefixCache, Row, RunningBatch
 from agentbolt.inference.continuous import supports as supports_continuous
 from agentbolt.inference.generation_hooks import (
@@ -77,19 +74,13 @@ from agentbolt.inference.generation_hooks import (
     ThroughputStats,
 )
 from agentbolt.inference.model_files import MARKER_FILE, MODEL_SPECS, prepare_model
+from agentbolt.inference.prompt_encoding import PromptEncoder, check_sampling, entries_within
 from agentbolt.inference.stop_text import StopTextFilter, cut_at_stop
-from agentbolt.inference.transcripts import TranscriptCache
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PREFIX_CACHE_BYTES = 512 * 1024 * 1024
 """Keys and values the prefix cache keeps by default (about 40k tokens of Qwen2.5-0.5B, 22k of SmolLM2-135M)."""
-
-_STOP_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>")
-
-_BYTE_OF_CHAR = {char: byte for byte, char in bytes_to_unicode().items()}
-"""The GPT-2 byte-level alphabet, read backwards: the character a byte-level BPE token uses for each byte."""
-"""End-of-turn tokens used as stop ids when the tokenizer has them as single tokens."""
 
 
 @dataclass
@@ -198,14 +189,14 @@ class EmbeddedBackend:
         self.batch_wait_s = batch_wait_s
         self.num_threads = num_threads or os.cpu_count() or 1
         self.max_context_tokens = _max_positions(model, tokenizer)
-        self.stop_token_ids = _stop_token_ids(model, tokenizer)
+        configured_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        self.encoder = PromptEncoder(tokenizer, eos_token_ids=configured_eos)
+        """Chat template, stop ids, decoding and logprob entries (:mod:`agentbolt.inference.prompt_encoding`)."""
+        self.stop_token_ids = self.encoder.stop_token_ids
         pad_token_id = tokenizer.pad_token_id
         self.pad_token_id = pad_token_id if isinstance(pad_token_id, int) else self.stop_token_ids[0]
-        template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
-        self._template_renders_tool_calls = "tool_calls" in template
-        self._template_renders_tools = "tools" in template
         self.stats = ThroughputStats()
-        self.transcripts = TranscriptCache()
+        self.transcripts = self.encoder.transcripts
         """Recent generations' prompt + response, reused by :meth:`encode_prompt`."""
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
         """Keys and values of recent sequences (:mod:`agentbolt.inference.continuous`); emptied when the weights
@@ -336,34 +327,13 @@ class EmbeddedBackend:
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
-        """The exact prompt ids for ``messages``: the chat template with the generation prompt, applied once.
-
-        OpenAI messages are adapted first (``chat_format.normalize_messages``); when the template cannot render
-        tools or tool calls, they are written in the Hermes/Qwen text form instead. ``chat_template_kwargs`` are
-        extra template variables (e.g. ``enable_thinking``). The rendered text is tokenized as
-        ``apply_chat_template`` does, except that a part of it that is a recent generation's prompt + response
-        keeps that generation's ids (:class:`~agentbolt.inference.transcripts.TranscriptCache`), so a conversation
-        that sends the model's answers back extends its earlier calls token for token.
+        """The exact prompt ids for ``messages`` (:meth:`PromptEncoder.encode_prompt
+        <agentbolt.inference.prompt_encoding.PromptEncoder.encode_prompt>`).
 
         Raises:
             ConfigError: the template rejects the messages.
         """
-        chat = normalize_messages(messages, inline_tool_calls=not self._template_renders_tool_calls)
-        template_tools: list[Any] | None = list(tools) if tools else None
-        if template_tools and not self._template_renders_tools:
-            chat = tools_in_system_message(chat, template_tools)
-            template_tools = None
-        try:
-            rendered = self.tokenizer.apply_chat_template(
-                chat,
-                tools=template_tools,
-                add_generation_prompt=True,
-                tokenize=False,
-                **(chat_template_kwargs or {}),
-            )
-        except Exception as exc:  # jinja errors: bad roles, order, missing fields
-            raise ConfigError(f"the chat template cannot render these messages: {exc}") from exc
-        return self.transcripts.encode(str(rendered), self._tokenize)
+        return self.encoder.encode_prompt(messages, tools, chat_template_kwargs)
 
     def _vocab_size(self) -> int:
         """Ids the tokenizer can produce (added tokens included); the model's vocabulary when the tokenizer cannot
@@ -373,30 +343,14 @@ class EmbeddedBackend:
         except TypeError:
             return int(getattr(self.model.config, "vocab_size", 0) or getattr(self.tokenizer, "vocab_size", 0))
 
-    def _tokenize(self, text: str) -> list[int]:
-        """``text`` (a rendered template: special tokens written out) as ids, as ``apply_chat_template`` does."""
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])  # type: ignore[index]
-
     def encode_text(self, prompt: str | list[int]) -> list[int]:
-        """The ids of a raw prompt (legacy Completions): text tokenized as the tokenizer does by default (its BOS
-        added if it has one), or token ids checked against the vocabulary. No chat template.
+        """The ids of a raw prompt (:meth:`PromptEncoder.encode_text
+        <agentbolt.inference.prompt_encoding.PromptEncoder.encode_text>`).
 
         Raises:
             ConfigError: an empty prompt, or an id outside the vocabulary.
         """
-        if isinstance(prompt, str):
-            ids = list(self.tokenizer(prompt)["input_ids"])  # type: ignore[index]
-        else:
-            ids = [int(i) for i in prompt]
-            vocab = self._vocab_size()
-            bad = [i for i in ids if not 0 <= i < vocab]
-            if bad:
-                raise RequestRefused(
-                    f"prompt token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", "prompt", "invalid_value"
-                )
-        if not ids:
-            raise RequestRefused("the prompt is empty; send at least one token", "prompt", "invalid_value")
-        return ids
+        return self.encoder.encode_text(prompt)
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """Generate one completion; concurrent calls are batched.
@@ -451,7 +405,7 @@ class EmbeddedBackend:
         grammar: str | None = None,
     ) -> _Pending:
         """Check and encode ``request`` (in the caller's loop), then queue it for the worker."""
-        _check_sampling(request)
+        check_sampling(request)
         if request.logit_bias:
             vocab = self._vocab_size()
             outside = [token_id for token_id in request.logit_bias if not 0 <= token_id < vocab]
@@ -459,10 +413,7 @@ class EmbeddedBackend:
                 raise RequestRefused(
                     f"logit_bias token id {outside[0]} is outside the vocabulary (0..{vocab - 1})", "logit_bias"
                 )
-        if request.prompt is not None:
-            prompt_token_ids = self.encode_text(request.prompt)
-        else:
-            prompt_token_ids = self.encode_prompt(request.messages, request.tools, request.chat_template_kwargs)
+        prompt_token_ids = self.encoder.request_ids(request)
         if len(prompt_token_ids) + request.max_tokens > self.max_context_tokens:
             raise ContextLengthExceededError(
                 f"the prompt has {len(prompt_token_ids)} tokens and max_tokens is {request.max_tokens}: together "
@@ -765,7 +716,7 @@ class EmbeddedBackend:
         )
 
     def _decode(self, ids: list[int]) -> str:
-        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+        return self.encoder.decode(ids)
 
     def _constraints(self, batch: list[_Pending], prompt_len: int) -> Any | None:
         """The logits processor that constrains the rows whose answer has a grammar
@@ -775,18 +726,6 @@ class EmbeddedBackend:
         from agentbolt.inference.constrained import RowGrammars, tokenizer_info
 
         return RowGrammars(tokenizer_info(self.tokenizer), [p.grammar for p in batch], prompt_len, self.stop_token_ids)
-
-    def _token_bytes(self, token_id: int) -> bytes:
-        """The exact bytes of one token: byte-level BPE tokens (Qwen, SmolLM2) map back through the GPT-2 byte
-        alphabet; others (and special tokens) are their decoded text in UTF-8."""
-        token = self.tokenizer.convert_ids_to_tokens(token_id)
-        if isinstance(token, str) and token and all(ch in _BYTE_OF_CHAR for ch in token):
-            return bytes(_BYTE_OF_CHAR[ch] for ch in token)
-        return str(self.tokenizer.decode([token_id])).encode()
-
-    def _token_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
-        raw = self._token_bytes(token_id)
-        return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw)}
 
     def _token_logprobs(
         self,
@@ -800,12 +739,12 @@ class EmbeddedBackend:
             ids = ids[:-1]
         entries: list[dict[str, Any]] = []
         for step, token_id in enumerate(ids):
-            entry = self._token_entry(token_id, float(logprobs_T[step]))
+            entry = self.encoder.token_entry(token_id, float(logprobs_T[step]))
             alternatives: list[dict[str, Any]] = []
             if top_TK is not None and k > 0:
                 values, top_ids = top_TK
                 for value, alt in zip(values[step, :k].tolist(), top_ids[step, :k].tolist(), strict=True):
-                    alternatives.append(self._token_entry(int(alt), float(value)))
+                    alternatives.append(self.encoder.token_entry(int(alt), float(value)))
             entry["top_logprobs"] = alternatives
             entries.append(entry)
         return entries
@@ -830,12 +769,9 @@ class EmbeddedBackend:
         if request.logprobs:
             token_logprobs = self._token_logprobs(ids, logprobs_T, top_TK, request.top_logprobs)
             if stop_sequence is not None:  # the stop string's tokens are not in the returned text
-                token_logprobs = _within(token_logprobs, len(text))
+                token_logprobs = entries_within(token_logprobs, len(text))
         if finish_reason != "abort" and request.prompt is None:
-            full = [*pending.prompt_token_ids, *ids]
-            self.transcripts.add(
-                str(self.tokenizer.decode(full, skip_special_tokens=False, clean_up_tokenization_spaces=False)), full
-            )
+            self.encoder.remember(pending.prompt_token_ids, ids)
         return GenerationResult(
             prompt_token_ids=list(pending.prompt_token_ids),
             response_token_ids=list(ids),
@@ -1049,24 +985,6 @@ def _model_device(model: Any) -> torch.device:
         return torch.device("cpu")
 
 
-def _check_sampling(request: GenerationRequest) -> None:
-    if not 0 <= request.top_logprobs <= TOP_LOGPROBS_MAX:
-        raise ConfigError(f"top_logprobs must be in 0..{TOP_LOGPROBS_MAX}, got {request.top_logprobs}")
-    for name in ("presence_penalty", "frequency_penalty"):
-        value = getattr(request, name)
-        if not -2 <= value <= 2:
-            raise ConfigError(f"{name} must be in [-2, 2], got {value}")
-    for token_id, bias in (request.logit_bias or {}).items():
-        if not -100 <= bias <= 100:
-            raise ConfigError(f"logit_bias values must be in [-100, 100], got {bias} for token {token_id}")
-    if request.max_tokens < 1:
-        raise ConfigError(f"max_tokens must be >= 1, got {request.max_tokens}")
-    if request.temperature < 0:
-        raise ConfigError(f"temperature must be >= 0, got {request.temperature}")
-    if not 0 < request.top_p <= 1:
-        raise ConfigError(f"top_p must be in (0, 1], got {request.top_p}")
-
-
 def _max_positions(model: Any, tokenizer: PreTrainedTokenizerBase) -> int:
     positions = getattr(model.config, "max_position_embeddings", None)
     if isinstance(positions, int) and positions > 0:
@@ -1075,37 +993,6 @@ def _max_positions(model: Any, tokenizer: PreTrainedTokenizerBase) -> int:
     if isinstance(limit, int) and 0 < limit < 10**7:
         return limit
     raise ConfigError("cannot tell the model's context length: config.max_position_embeddings is missing")
-
-
-def _stop_token_ids(model: Any, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """The eos ids of the generation config and tokenizer, plus the end-of-turn tokens the vocabulary has."""
-    ids: list[int] = []
-    generation_config = getattr(model, "generation_config", None)
-    configured = getattr(generation_config, "eos_token_id", None)
-    for candidate in [*(configured if isinstance(configured, list) else [configured]), tokenizer.eos_token_id]:
-        if isinstance(candidate, int) and candidate not in ids:
-            ids.append(candidate)
-    vocab = tokenizer.get_vocab()
-    for token in _STOP_TOKENS:
-        token_id = vocab.get(token)
-        if isinstance(token_id, int) and token_id not in ids:
-            ids.append(token_id)
-    if not ids:
-        raise ConfigError("the tokenizer has no eos token and no known end-of-turn token; cannot tell when to stop")
-    return ids
-
-
-def _within(entries: list[dict[str, Any]], length: int) -> list[dict[str, Any]]:
-    """The first token entries whose texts add up to at most ``length`` characters, and the one that crosses it
-    (a token that holds both the end of the text and the start of the stop string)."""
-    kept: list[dict[str, Any]] = []
-    total = 0
-    for entry in entries:
-        if total >= length:
-            break
-        kept.append(entry)
-        total += len(entry["token"])
-    return kept
 
 
 def _resolve(pending: _Pending, outcome: GenerationResult | BaseException) -> None:

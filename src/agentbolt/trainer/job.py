@@ -36,6 +36,7 @@ from agentbolt.trainer.job_config import (
     TrainConfig,
     check_device,
     check_tasks,
+    check_trainer,
     load_task_sets,
     load_tasks_module,
 )
@@ -179,6 +180,7 @@ async def run_training(
     if not Path(config.model).is_dir():
         get_model_spec(config.model)  # an unknown name fails here, before anything is written
     check_device(config.device)
+    check_trainer(config)
     tasks = _job_tasks(config, seams)  # every task is checked here, before the model loads and anything is written
     load_agent(config.agent)  # an agent that does not import fails here, before --overwrite moves a store aside
     command = "agentbolt train" + (" --resume" if config.resume else "")

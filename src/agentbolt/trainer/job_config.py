@@ -25,6 +25,62 @@ if TYPE_CHECKING:
     from agentbolt.trainer.prompt_opt import PromptOptConfig
 
 DEFAULT_AGENT = "examples.calc_agent.agent:calc_agent"
+
+
+class InferenceConfig(_Config):
+    """Which engine serves the agent's LLM calls during a job (``inference:`` in the YAML file).
+
+    Attributes:
+        engine: ``embedded`` (transformers in the job's process, the default), or a token-in/token-out engine
+            (:mod:`agentbolt.inference.token_engines`): ``llamacpp`` (llama.cpp's ``llama-server``; without ``url``
+            the job starts it on this machine and restarts it with each new LoRA adapter), ``vllm`` or ``sglang``
+            (a running server at ``url``, started with LoRA enabled; each new adapter is loaded through its
+            ``load_lora_adapter`` route from a folder it must be able to read).
+        url: the engine's server root (``http://host:8000``; not the ``/v1`` API root). Required for ``vllm`` and
+            ``sglang``; for ``llamacpp`` leave it unset.
+        served_model: the name vLLM serves the base model under (default: the model's name).
+        api_key: sent as a bearer token to a remote engine.
+        context_per_request: tokens of context each request may use (prompt + ``max_tokens``); for ``llamacpp``
+            each of its ``parallel`` slots gets this much.
+        parallel: ``llamacpp``: requests generated together (``llama-server --parallel``).
+        threads: ``llamacpp``: CPU threads (default all cores).
+        llama_cpp_dir: ``llamacpp``: the folder with the built llama.cpp (default ``$AGENTBOLT_LLAMA_CPP`` or
+            ``~/.cache/agentbolt/llama.cpp``; ``make llamacpp`` builds it).
+        continuous_batching / prefix_cache_mb: ``embedded``: serve plain sampling requests from a running batch that
+            rows join and leave at every step, and keep this many MiB of prompt keys and values for reuse (0: no
+            prefix cache); see :class:`~agentbolt.inference.embedded.EmbeddedBackend`.
+        timeout_s: longest wait for one answer from a remote engine.
+    """
+
+    engine: Literal["embedded", "llamacpp", "vllm", "sglang"] = "embedded"
+    url: str | None = None
+    served_model: str | None = None
+    api_key: str | None = None
+    context_per_request: int = Field(default=4096, ge=256)
+    parallel: int = Field(default=16, ge=1)
+    threads: int | None = Field(default=None, ge=1)
+    llama_cpp_dir: str | None = None
+    continuous_batching: bool = True
+    prefix_cache_mb: int = Field(default=512, ge=0)
+    timeout_s: float = Field(default=600.0, gt=0)
+
+    @model_validator(mode="after")
+    def _url_where_needed(self) -> InferenceConfig:
+        if self.engine in ("vllm", "sglang") and not self.url:
+            raise ValueError(
+                f"inference.engine {self.engine} needs inference.url, the root of a running {self.engine} server "
+                "(e.g. http://127.0.0.1:8000)"
+            )
+        if self.engine == "embedded" and self.url:
+            raise ValueError("inference.url is for a remote engine; the embedded engine runs in the job's process")
+        if self.engine == "llamacpp" and self.url:
+            raise ValueError(
+                "inference.engine llamacpp starts its own llama-server (it is restarted with each new LoRA adapter, "
+                "which llama.cpp loads only at start); leave inference.url unset"
+            )
+        return self
+
+
 DEFAULT_TASKS = "examples.calc_agent.tasks"
 
 
@@ -67,6 +123,10 @@ class TrainConfig(_Config):
             (``agentbolt train --resume``).
         report_to: experiment trackers that also get every metric the job records (``tensorboard``, ``mlflow``,
             ``wandb``; W&B offline unless it has an API key), see :mod:`agentbolt.trainer.trackers`.
+        inference: the engine that serves the agent (:class:`InferenceConfig`): ``engine: embedded`` (default),
+            ``llamacpp``, ``vllm`` or ``sglang`` with ``url``.
+        trainer: the trainer backend: ``torch`` (LoRA in the job's process, the default) or ``verl`` (GPU only:
+            refused here with what it needs, see :mod:`agentbolt.algorithms.rl.verl`).
     """
 
     algorithm: Literal["lightningrl"] = "lightningrl"
@@ -93,6 +153,8 @@ class TrainConfig(_Config):
     eval_every: int | None = Field(default=None, ge=1)
     resume: bool = False
     report_to: tuple[str, ...] = ()
+    inference: InferenceConfig = Field(default_factory=InferenceConfig)
+    trainer: Literal["torch", "verl"] = "torch"
 
     @field_validator("report_to", mode="before")
     @classmethod
@@ -165,6 +227,30 @@ RUN_PURPOSE = "run"
 """``metadata["purpose"]`` of the resources version a train job writes when it starts (and again when it resumes):
 no resources, the metadata ``config`` (the resolved settings), ``out_dir`` (absolute) and ``resumed_from_step``
 (``None`` for a fresh run). The dashboard's Run page reads it."""
+
+
+def check_trainer(config: TrainConfig) -> None:
+    """Check that this machine can run ``config.trainer`` (``torch`` always can).
+
+    ``verl`` runs the update on GPUs through :class:`~agentbolt.algorithms.rl.verl.trainer.VerlPolicyUpdater`, whose
+    actor and vLLM replicas a verl ``RayPPOTrainer`` owns; ``agentbolt train`` does not build that trainer yet (it is
+    written against verl's source and has never run: no GPU here), so it is refused with what to do instead.
+
+    Raises:
+        ConfigError: ``trainer: verl`` (the message says whether verl is installed and what to use now).
+    """
+    if config.trainer == "torch":
+        return
+    import importlib.util
+
+    installed = importlib.util.find_spec("verl") is not None
+    raise ConfigError(
+        "trainer: verl is not run by agentbolt train yet"
+        + ("" if installed else " (and verl is not installed: pip install 'agentbolt[verl]' on a CUDA machine)")
+        + ": build verl's RayPPOTrainer yourself and hand it to agentbolt.algorithms.rl.verl.VerlPolicyUpdater "
+        "(docs/training.md, 'GPU engines'), or keep trainer: torch, which trains LoRA on the GPU with device: cuda "
+        "and serves through inference.engine vllm or sglang"
+    )
 
 
 def check_device(device: str) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import shutil
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from agentbolt.runner.processes import RunnerPool
     from agentbolt.server.gateway.swap import WeightSwapGate
     from agentbolt.store.sqlite import SqliteLightningStore
+    from agentbolt.trainer.job_config import InferenceConfig
     from agentbolt.trainer.loop import RLTrainer
 
 logger = logging.getLogger(__name__)
@@ -56,7 +58,7 @@ class LocalTraining:
 
     trainer: RLTrainer
     store: SqliteLightningStore
-    backend: EmbeddedBackend
+    backend: Any
     url: str
     model_setup_s: float
     updater: TorchPolicyTrainer
@@ -106,6 +108,7 @@ class LocalMachine:
     max_batch_size: int = 16
     batch_wait_s: float = 0.25
     device: str = "cpu"
+    inference: InferenceConfig | None = None
 
     @classmethod
     def of(cls, settings: MachineSettings) -> LocalMachine:
@@ -118,16 +121,25 @@ class LocalMachine:
             max_batch_size=settings.max_batch_size,
             batch_wait_s=settings.batch_wait_s,
             device=settings.device,
+            inference=getattr(settings, "inference", None),
         )
+
+    @property
+    def engine(self) -> str:
+        """The serving engine: ``embedded`` unless :attr:`inference` names another."""
+        return self.inference.engine if self.inference is not None else "embedded"
 
     def load_model(self, console: Console | None = None) -> LoadedModel:
         """Prepare and load :attr:`model` (:func:`load_embedded`) with this machine's device and batching."""
+        settings = self.inference
         backend, setup_s = load_embedded(
             self.model,
             device=self.device,
             max_batch_size=self.max_batch_size,
             batch_wait_s=self.batch_wait_s,
             console=console,
+            continuous_batching=settings.continuous_batching if settings is not None else True,
+            prefix_cache_bytes=(settings.prefix_cache_mb if settings is not None else 512) * 1024 * 1024,
         )
         return LoadedModel(backend, setup_s)
 
@@ -137,7 +149,9 @@ class LoadedModel:
     """An embedded model loaded for a job, and the seconds spent preparing it (a caller that changes its weights
     before serving, e.g. merging a checkpoint's adapter, adds its own time to ``setup_s``)."""
 
-    backend: EmbeddedBackend
+    backend: Any
+    """An :class:`~agentbolt.inference.embedded.EmbeddedBackend`, or a
+    :class:`~agentbolt.inference.token_engines.TokenEngineBackend` for another engine."""
     setup_s: float
 
 
@@ -311,6 +325,8 @@ def load_embedded(
     max_batch_size: int,
     batch_wait_s: float,
     console: Console | None = None,
+    continuous_batching: bool = True,
+    prefix_cache_bytes: int = 512 * 1024 * 1024,
 ) -> tuple[EmbeddedBackend, float]:
     """Prepare (first use converts the GGUF) and load an embedded model under a console status; return the backend
     with the seconds this took.
@@ -325,9 +341,76 @@ def load_embedded(
     t_start = time.perf_counter()
     with console.status(f"preparing the embedded model {model} (first run converts the GGUF once)"):
         backend = EmbeddedBackend.load(
-            resolve_model(model), device=device, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s
+            resolve_model(model),
+            device=device,
+            max_batch_size=max_batch_size,
+            batch_wait_s=batch_wait_s,
+            continuous_batching=continuous_batching,
+            prefix_cache_bytes=prefix_cache_bytes,
         )
     return backend, time.perf_counter() - t_start
+
+
+async def load_engine(
+    machine: LocalMachine, work_dir: Path, console: Console | None = None
+) -> tuple[LoadedModel, Path]:
+    """Start or connect the token-in/token-out engine of ``machine.inference`` for ``machine.model``; return it as
+    a :class:`LoadedModel` with the model's Hugging Face directory (its tokenizer renders the prompts; the trainer
+    loads its weights).
+
+    ``llamacpp``: converts the model to GGUF once (cached), starts ``llama-server`` on a free loopback port with its
+    log in ``work_dir``, and stops it when the backend closes. ``vllm`` / ``sglang``: connects to ``inference.url``.
+
+    Raises:
+        ConfigError: an unknown model, or llama.cpp not built (the message says how to build it).
+        BackendError: the conversion failed, or the engine did not start or cannot be reached.
+    """
+    from agentbolt.inference.token_engines import TokenEngineBackend
+
+    settings = machine.inference
+    assert settings is not None and settings.engine != "embedded"
+    console = console or Console()
+    t_start = time.perf_counter()
+    model_dir = await asyncio.to_thread(resolve_model, machine.model)
+    name = Path(str(machine.model)).name
+    if settings.engine == "llamacpp":
+        from agentbolt.inference.llamacpp import start_llama_server
+
+        with console.status(f"starting llama-server for {machine.model} (the first run converts it to GGUF once)"):
+            server = await start_llama_server(
+                model_dir,
+                work_dir,
+                llama_cpp_dir=settings.llama_cpp_dir,
+                parallel=settings.parallel,
+                context_per_slot=settings.context_per_request,
+                threads=settings.threads,
+            )
+        try:
+            backend = await TokenEngineBackend.connect(
+                "llamacpp",
+                server.url,
+                model_dir=model_dir,
+                model_name=name,
+                max_context_tokens=settings.context_per_request,
+                timeout_s=settings.timeout_s,
+                adapter_loader=server.adapter_loader,
+                on_close=server.stop,
+            )
+        except BaseException:
+            await server.stop()
+            raise
+    else:
+        assert settings.url is not None
+        backend = await TokenEngineBackend.connect(
+            settings.engine,
+            settings.url,
+            model_dir=model_dir,
+            model_name=settings.served_model or name,
+            max_context_tokens=settings.context_per_request,
+            api_key=settings.api_key,
+            timeout_s=settings.timeout_s,
+        )
+    return LoadedModel(backend, time.perf_counter() - t_start), model_dir
 
 
 @dataclass
@@ -347,7 +430,7 @@ class LocalServing:
     """
 
     store: SqliteLightningStore
-    backend: EmbeddedBackend
+    backend: Any
     url: str
     gate: WeightSwapGate
     model_setup_s: float
@@ -487,7 +570,9 @@ async def local_serving(
         if loaded is not None:
             await loaded.backend.close()
         raise
-    if loaded is None:  # in a thread: the loop stays free, so a Ctrl-C during the load lands at once
+    if loaded is None and machine.engine != "embedded":
+        loaded, _ = await load_engine(machine, db_path.parent / "engine", console)
+    elif loaded is None:  # in a thread: the loop stays free, so a Ctrl-C during the load lands at once
         loaded = await asyncio.to_thread(machine.load_model, console)
     backend = loaded.backend
     try:
@@ -622,6 +707,18 @@ async def local_training(
     LightningRL(grpo, agent_match=agent_match)  # bad names and patterns fail before the model loads
     load_agent(machine.agent)
     config = trainer_config if trainer_config is not None else TorchTrainerConfig()
+    if machine.engine != "embedded":
+        async with _engine_training(
+            machine,
+            db_path=db_path,
+            grpo=grpo,
+            config=config,
+            agent_match=agent_match,
+            console=console,
+            resume_from=resume_from,
+        ) as training:
+            yield training
+        return
 
     def build_policy(loaded: LoadedModel) -> tuple[Module, TorchPolicyTrainer]:
         t_policy = time.perf_counter()
@@ -655,6 +752,92 @@ async def local_training(
             grpo,
             gateway_url=serving.url,
             sync_weights=sync_weights,
+            agent_match=agent_match,
+            swap_gate=serving.gate,
+        )
+        try:
+            yield LocalTraining(
+                trainer,
+                serving.store,
+                backend,
+                serving.url,
+                serving.model_setup_s,
+                updater,
+                serving.runners,
+                serving.unscoped_calls,
+                serving.runner_exits,
+            )
+        finally:
+            trainer.close()
+
+
+@asynccontextmanager
+async def _engine_training(
+    machine: LocalMachine,
+    *,
+    db_path: Path,
+    grpo: GRPOConfig,
+    config: TorchTrainerConfig,
+    agent_match: str | None,
+    console: Console | None,
+    resume_from: Path | None,
+) -> AsyncIterator[LocalTraining]:
+    """:func:`local_training` with a token-in/token-out engine serving: the policy is the model's weights loaded
+    here with LoRA; after each update its adapter is saved to ``OUT/engine/adapters/VERSION`` and loaded into the
+    engine (:meth:`~agentbolt.inference.token_engines.TokenEngineBackend.load_adapter`), while gateway calls wait."""
+    from transformers import AutoModelForCausalLM
+
+    from agentbolt.algorithms.rl.torch_backend import TorchPolicyTrainer, attach_lora
+    from agentbolt.trainer.loop import RLTrainer
+
+    work_dir = db_path.parent / "engine"
+    loaded, model_dir = await load_engine(machine, work_dir, console)
+    backend = loaded.backend
+    tokenizer = backend.encoder.tokenizer
+    pad = tokenizer.pad_token_id if isinstance(tokenizer.pad_token_id, int) else backend.encoder.stop_token_ids[0]
+
+    def build_policy() -> tuple[Module, TorchPolicyTrainer]:
+        import torch
+
+        t_policy = time.perf_counter()
+        base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.bfloat16)
+        base.to(machine.device)  # type: ignore[arg-type]
+        policy = attach_lora(base, config)
+        updater = TorchPolicyTrainer(policy, config, pad_token_id=pad)
+        if resume_from is not None:
+            updater.load_state(resume_from)
+        loaded.setup_s += time.perf_counter() - t_policy
+        return policy, updater
+
+    try:
+        policy, updater = await asyncio.to_thread(build_policy)
+        if resume_from is not None:  # the engine serves the checkpoint's adapter before any rollout
+            await backend.load_adapter(resume_from, resume_from.name)
+    except BaseException:
+        await backend.close()
+        raise
+    adapters = work_dir / "adapters"
+
+    async with local_serving(machine, db_path=db_path, console=console, loaded=loaded) as serving:
+
+        def save_adapter(folder: Path) -> None:
+            policy.save_pretrained(str(folder))  # pyright: ignore[reportCallIssue]
+
+        async def publish(version: str) -> None:
+            folder = adapters / version
+            await trainer.on_update_thread(save_adapter, folder)
+            await backend.load_adapter(folder, version)
+            for old in adapters.iterdir():  # the engine has its own copy now (GGUF, or loaded in memory)
+                if old.name != version and old.is_dir():
+                    shutil.rmtree(old, ignore_errors=True)
+
+        trainer = RLTrainer(
+            serving.store,
+            backend,
+            updater,
+            grpo,
+            gateway_url=serving.url,
+            publish_weights=publish,
             agent_match=agent_match,
             swap_gate=serving.gate,
         )

@@ -198,6 +198,10 @@ class RLTrainer:
         sync_weights: called after each update, with the backend paused, to publish the new weights to the
             serving model (e.g. merged LoRA weights, see :mod:`agentbolt.algorithms.rl.weight_sync`). ``None``
             when the backend serves the trained module itself.
+        publish_weights: awaited after ``sync_weights`` (with the backend paused) with the new version, to hand the
+            new weights to an engine in another process (a token engine's :meth:`load_adapter
+            <agentbolt.inference.token_engines.TokenEngineBackend.load_adapter>`); ``None``: nothing more to do.
+            Either callable means the backend serves a copy, so rollouts may go on during the update.
         agent_match: regular expression searched in agent names (rules in :mod:`agentbolt.adapter.agents`): only the
             calls of matching agents become training samples; ``None`` trains every call. A call without an agent
             name never matches a pattern. ``"writer"`` also selects ``"sql_writer"``; anchor it (``"^writer$"``) to
@@ -223,6 +227,7 @@ class RLTrainer:
         sync_weights: Callable[[], object] | None = None,
         agent_match: str | None = None,
         swap_gate: WeightSwapGate | None = None,
+        publish_weights: Callable[[str], Awaitable[object]] | None = None,
     ) -> None:
         self.algorithm = LightningRL(config, agent_match=agent_match)
         self.swap_gate = swap_gate
@@ -231,6 +236,7 @@ class RLTrainer:
         self.agent_match = agent_match
         self.store = store
         self.sync_weights = sync_weights
+        self.publish_weights = publish_weights
         self.backend = backend
         self._throughput_mark = self._throughput()
         self.updater = updater
@@ -533,13 +539,13 @@ class RLTrainer:
         )
 
         t1 = time.perf_counter()
-        if self.sync_weights is None:  # the backend serves the trained module itself: no generation during the update
+        if not self.serves_copy:  # the backend serves the trained module itself: no generation during the update
             stats = await self.on_update_thread(self._update_paused, batch.samples)
         else:
             stats = dict(await self.on_update_thread(self._updater().train_step, batch.samples))
         swap_s = await self.swap_weights(f"step-{train_step}")
         await self.on_update_thread(release_freed_memory)  # the update's activations, back to the system
-        if self.sync_weights is not None:
+        if self.serves_copy:
             stats["weight_sync_s"] = swap_s
         if gae_s:
             stats["values_s"] = gae_s
@@ -652,7 +658,7 @@ class RLTrainer:
         """
         n_steps = self.config.steps if steps is None else steps
         ahead = self.config.async_rollouts
-        if ahead > 0 and self.sync_weights is None:
+        if ahead > 0 and not self.serves_copy:
             raise ConfigError(
                 "async_rollouts > 0 needs a serving copy of the model (sync_weights): the backend serves the trained "
                 "module itself, so it cannot generate while the update runs; set async_rollouts: 0"
@@ -682,6 +688,12 @@ class RLTrainer:
                 await after_step(result)
             self._sampler_states.pop(pending.train_step, None)
 
+    @property
+    def serves_copy(self) -> bool:
+        """Whether the backend serves a copy of the policy (``sync_weights`` or ``publish_weights`` given), so that
+        generation can go on while the update runs."""
+        return self.sync_weights is not None or self.publish_weights is not None
+
     async def swap_weights(self, version: str) -> float:
         """Publish the policy's weights to the serving model as ``version``; return the seconds it took.
 
@@ -692,9 +704,12 @@ class RLTrainer:
         async with contextlib.AsyncExitStack() as stack:
             if self.swap_gate is not None:
                 await stack.enter_async_context(self.swap_gate.swapping())
-            if self.sync_weights is not None:
+            if self.serves_copy:
                 await stack.enter_async_context(self.backend.paused())
+            if self.sync_weights is not None:
                 await self.on_update_thread(self.sync_weights)
+            if self.publish_weights is not None:
+                await self.publish_weights(version)
             self.backend.set_model_version(version)
             self.versions.append(version)
         return time.perf_counter() - t0

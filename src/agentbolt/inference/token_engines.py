@@ -1,0 +1,713 @@
+"""Token-in/token-out engines: llama.cpp, vLLM and SGLang served by prompt token ids, answering with generated ids.
+
+The gateway's backend renders the chat template itself (:class:`~agentbolt.inference.prompt_encoding.PromptEncoder`,
+the same code as the embedded backend) and sends the prompt as token ids, so the recorded ids are the ones the engine
+ran, whatever template the engine would have applied (DESIGN.md, "gateway": no re-tokenization drift). Each engine
+answers with the generated ids and one logprob per id:
+
+============  =======================================  ===============================================================
+engine        request                                  ids and logprobs in the answer
+============  =======================================  ===============================================================
+``llamacpp``  ``POST /completion``, ``prompt: [ids]``  ``tokens`` (``return_tokens``), ``completion_probabilities``
+              (llama.cpp ``tools/server/README.md``)   (``n_probs``; ``post_sampling_probs`` when sampling)
+``vllm``      ``POST /v1/completions``, ``prompt:``    ``choices[0].token_ids`` (``return_token_ids``),
+              ``[ids]``                                ``choices[0].logprobs.token_logprobs`` (``logprobs``)
+``sglang``    ``POST /generate``, ``input_ids``        ``output_ids``, ``meta_info.output_token_logprobs``
+                                                       (``return_logprob``)
+============  =======================================  ===============================================================
+
+Sampling is made explicit as in the embedded backend: no top-k, no min-p, no repetition penalty, so an engine's
+defaults (llama.cpp samples with top_k 40, min_p 0.05 unless told otherwise) cannot change the distribution.
+Which distribution the logprobs are of (the embedded backend records ``log_softmax(logits / T)`` at the chosen id):
+
+- llama.cpp, ``temperature > 0``: ``post_sampling_probs`` gives the probability after its sampler chain, here the
+  temperature alone (plus top-p when ``top_p < 1``: then it is the renormalized nucleus probability, higher than the
+  embedded backend's by the nucleus mass); greedy: a plain softmax of the logits, as the embedded backend's.
+- vLLM: ``--logprobs-mode processed_logprobs`` gives the tempered distribution; its default ``raw_logprobs`` is the
+  model's distribution before temperature (equal at T = 1).
+- SGLang: the logprobs it returns (see ``tests/fixtures/engines/README.md`` for the flags that change them).
+
+The trainer recomputes its own logprobs; the served ones feed the importance ratio and the ``approx_kl`` reported at
+each step (docs/training.md), which shows any mismatch.
+
+Weights: after each update the trainer saves the LoRA adapter and calls :meth:`TokenEngineBackend.load_adapter`:
+vLLM ``POST /v1/load_lora_adapter`` (then requests name the adapter as ``model``), SGLang ``POST /load_lora_adapter``
+(then requests carry ``lora_path``), llama.cpp through :class:`~agentbolt.inference.llamacpp.LlamaServer`, which
+converts the adapter to GGUF and restarts ``llama-server`` with it (llama.cpp loads adapter files only at start).
+
+Not forwarded (refused with a 400 naming the field): ``tool_choice`` ``required``/``function`` (the embedded backend
+constrains those with a grammar). ``response_format`` goes to each engine's own structured output (llama.cpp
+``json_schema``, vLLM ``response_format``, SGLang ``json_schema`` as a string). Streaming: the gateway streams the whole
+answer once it is done (these backends have no ``stream``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+
+from agentbolt.errors import BackendError, ConfigError
+from agentbolt.inference.base import (
+    ContextLengthExceededError,
+    FinishReason,
+    GenerationRequest,
+    GenerationResult,
+    RequestRefused,
+    ThroughputStats,
+    UpstreamError,
+)
+from agentbolt.inference.prompt_encoding import PromptEncoder, check_sampling, entries_within
+from agentbolt.inference.stop_text import cut_at_stop
+
+logger = logging.getLogger(__name__)
+
+EngineKind = Literal["llamacpp", "vllm", "sglang"]
+ENGINE_KINDS: tuple[EngineKind, ...] = ("llamacpp", "vllm", "sglang")
+
+
+@dataclass
+class EngineAnswer:
+    """What an engine generated, read out of its answer.
+
+    Attributes:
+        ids: ``(R,)`` generated ids (a final stop id included when the engine reports it).
+        logprobs: ``(R,)`` one logprob per id.
+        top: per id, the top alternatives ``[(id or text, logprob), ...]`` (empty lists when not asked for).
+        finish_reason: ``stop`` or ``length`` (``abort`` when the engine says so).
+        cached_prompt_tokens: prompt tokens the engine reused from its cache (0 when it does not say).
+        stop_word: the stop string the engine stopped on, when its ids end before it (llama.cpp).
+    """
+
+    ids: list[int]
+    logprobs: list[float]
+    top: list[list[tuple[int | str, float]]] = field(default_factory=list)
+    finish_reason: FinishReason = "stop"
+    cached_prompt_tokens: int = 0
+    stop_word: str | None = None
+
+
+def _refuse_unforwarded(request: GenerationRequest, engine: str, output_format_ok: bool) -> None:
+    if request.tool_choice.mode in ("required", "function"):
+        raise RequestRefused(
+            f"tool_choice {request.tool_choice.mode!r} is not served by the {engine} engine (the embedded backend "
+            "constrains it with a grammar); send tool_choice 'auto' or 'none'",
+            "tool_choice",
+        )
+    if request.output_format is not None and not output_format_ok:
+        raise RequestRefused(
+            f"response_format is not forwarded to the {engine} engine; drop it, or serve with the embedded backend",
+            "response_format",
+        )
+
+
+def _json_schema(request: GenerationRequest) -> dict[str, Any] | None:
+    if request.output_format is None:
+        return None
+    if request.output_format.kind == "json_object":
+        return {"type": "object"}
+    return request.output_format.schema or {}
+
+
+def _floats(values: list[Any], where: str) -> list[float]:
+    try:
+        return [float(value) for value in values]
+    except (TypeError, ValueError) as exc:
+        raise UpstreamError(f"{where} returned a logprob that is not a number: {exc}") from exc
+
+
+class LlamaCppProtocol:
+    """llama.cpp's ``llama-server`` native ``POST /completion`` (llama.cpp ``tools/server/README.md``)."""
+
+    kind: EngineKind = "llamacpp"
+    path = "/completion"
+
+    def payload(self, ids: list[int], request: GenerationRequest, adapter: str | None) -> dict[str, Any]:
+        """The JSON body: the prompt as ids (no BOS is added to an id prompt), ``return_tokens``, ``n_probs`` and,
+        when sampling, ``post_sampling_probs``; a sampler chain of only ``temperature`` (and ``top_p`` when below 1)
+        so that the server's default top-k/min-p/penalties do not apply; ``cache_prompt`` (the slot reuses the
+        longest common prefix).
+
+        Raises:
+            RequestRefused: ``tool_choice`` required/function.
+        """
+        _refuse_unforwarded(request, "llamacpp", output_format_ok=True)
+        greedy = request.temperature == 0
+        samplers = ["temperature"] if request.top_p >= 1 else ["temperature", "top_p"]
+        if request.penalized:
+            samplers = ["penalties", *samplers]
+        body: dict[str, Any] = {
+            "prompt": ids,
+            "n_predict": request.max_tokens,
+            "temperature": request.temperature,
+            "top_p": request.top_p,
+            "top_k": 0,
+            "min_p": 0.0,
+            "typical_p": 1.0,
+            "repeat_penalty": 1.0,
+            "presence_penalty": request.presence_penalty,
+            "frequency_penalty": request.frequency_penalty,
+            "samplers": samplers,
+            "n_probs": max(1, request.top_logprobs if request.logprobs else 0),
+            "post_sampling_probs": not greedy,
+            "return_tokens": True,
+            "cache_prompt": True,
+            "stream": False,
+        }
+        if request.stop or request.stop_inclusive:
+            body["stop"] = [*request.stop, *request.stop_inclusive]
+        if request.seed is not None:
+            body["seed"] = request.seed
+        if request.logit_bias:
+            body["logit_bias"] = [[token_id, bias] for token_id, bias in request.logit_bias.items()]
+        schema = _json_schema(request)
+        if schema is not None:
+            body["json_schema"] = schema
+        return body
+
+    def parse(self, body: dict[str, Any], where: str) -> EngineAnswer:
+        """Read ids, logprobs and the finish reason out of a ``/completion`` answer.
+
+        Raises:
+            UpstreamError: no ``tokens`` or no probabilities (a server too old for ``return_tokens``).
+        """
+        ids = body.get("tokens")
+        probs = body.get("completion_probabilities")
+        if not isinstance(ids, list) or not isinstance(probs, list):
+            raise UpstreamError(
+                f"{where} returned no token ids or no completion_probabilities although asked for them "
+                "(return_tokens, n_probs): it must be llama.cpp's llama-server from 2025 or later"
+            )
+        logprobs: list[float] = []
+        top: list[list[tuple[int | str, float]]] = []
+        for entry in probs:
+            if "logprob" in entry:
+                logprobs.append(float(entry["logprob"]))
+                alternatives: list[tuple[int | str, float]] = [
+                    (int(a["id"]), float(a["logprob"])) for a in entry.get("top_logprobs") or []
+                ]
+            else:
+                logprobs.append(_log(entry.get("prob")))
+                alternatives = [(int(a["id"]), _log(a.get("prob"))) for a in entry.get("top_probs") or []]
+            top.append(alternatives)
+        stop_type = body.get("stop_type")
+        finish: FinishReason = "length" if stop_type == "limit" else "stop"
+        generated = [int(t) for t in ids]
+        if stop_type == "word" and len(logprobs) < len(generated):
+            # llama.cpp returns every generated id but probabilities only for the text before the stop string: the
+            # ids without a logprob (the stop string's) are not recorded (the answer's text ends before it anyway)
+            generated = generated[: len(logprobs)]
+            stop_word = str(body.get("stopping_word") or "") or None
+        else:
+            stop_word = None
+        return EngineAnswer(
+            ids=generated,
+            logprobs=logprobs,
+            top=top,
+            finish_reason=finish,
+            cached_prompt_tokens=int(body.get("tokens_cached") or 0),
+            stop_word=stop_word,
+        )
+
+
+def _log(prob: Any) -> float:
+    value = float(prob) if isinstance(prob, int | float) else 0.0
+    return math.log(value) if value > 0 else -math.inf
+
+
+class VLLMCompletionsProtocol:
+    """vLLM's OpenAI-compatible ``POST /v1/completions`` with a token-id prompt and ``return_token_ids``
+    (vLLM >= 0.10.2); see ``tests/fixtures/engines/README.md`` for the fields and their sources."""
+
+    kind: EngineKind = "vllm"
+    path = "/v1/completions"
+
+    def __init__(self, model_name: str) -> None:
+        self.model_name = model_name
+
+    def payload(self, ids: list[int], request: GenerationRequest, adapter: str | None) -> dict[str, Any]:
+        """The JSON body; ``model`` is the loaded LoRA adapter's name once one is loaded.
+
+        Raises:
+            RequestRefused: ``tool_choice`` required/function.
+        """
+        _refuse_unforwarded(request, "vllm", output_format_ok=True)
+        body: dict[str, Any] = {
+            "model": adapter or self.model_name,
+            "prompt": ids,
+            "max_tokens": request.max_tokens,
+            "temperature": request.temperature,
+            "top_p": request.top_p,
+            "top_k": -1,
+            "min_p": 0.0,
+            "repetition_penalty": 1.0,
+            "presence_penalty": request.presence_penalty,
+            "frequency_penalty": request.frequency_penalty,
+            "logprobs": request.top_logprobs if request.logprobs else 0,
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+            "stream": False,
+        }
+        if request.stop or request.stop_inclusive:
+            body["stop"] = [*request.stop, *request.stop_inclusive]
+            body["include_stop_str_in_output"] = True
+        if request.seed is not None:
+            body["seed"] = request.seed
+        if request.logit_bias:
+            body["logit_bias"] = {str(token_id): bias for token_id, bias in request.logit_bias.items()}
+        schema = _json_schema(request)
+        if schema is not None:
+            body["response_format"] = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+        return body
+
+    def parse(self, body: dict[str, Any], where: str) -> EngineAnswer:
+        """Read ids, logprobs and the finish reason out of a completions answer (choice 0).
+
+        Raises:
+            UpstreamError: no ``token_ids`` or no ``logprobs`` (vLLM older than 0.10.2, or not vLLM).
+        """
+        choices = body.get("choices")
+        if not isinstance(choices, list) or not choices:
+            raise UpstreamError(f"{where} answered without choices")
+        choice = choices[0]
+        ids = choice.get("token_ids")
+        logprobs = choice.get("logprobs")
+        values = logprobs.get("token_logprobs") if isinstance(logprobs, dict) else None
+        if not isinstance(ids, list) or not isinstance(values, list):
+            raise UpstreamError(
+                f"{where} returned no token_ids or no logprobs although asked for them (return_token_ids, "
+                "logprobs): it must be vLLM >= 0.10.2"
+            )
+        tops = (logprobs or {}).get("top_logprobs") or []
+        top: list[list[tuple[int | str, float]]] = [
+            [(str(text), float(value)) for text, value in (step or {}).items()] for step in tops
+        ]
+        usage = body.get("usage") or {}
+        details = usage.get("prompt_tokens_details") or {}
+        finish: FinishReason = "length" if choice.get("finish_reason") == "length" else "stop"
+        return EngineAnswer(
+            ids=[int(t) for t in ids],
+            logprobs=_floats(values, where),
+            top=top,
+            finish_reason=finish,
+            cached_prompt_tokens=int(details.get("cached_tokens") or 0),
+        )
+
+
+class SGLangGenerateProtocol:
+    """SGLang's native ``POST /generate`` with ``input_ids`` and ``return_logprob``; see
+    ``tests/fixtures/engines/README.md`` for the fields and their sources."""
+
+    kind: EngineKind = "sglang"
+    path = "/generate"
+
+    def payload(self, ids: list[int], request: GenerationRequest, adapter: str | None) -> dict[str, Any]:
+        """The JSON body; ``lora_path`` names the loaded LoRA adapter once one is loaded (SGLang reads it as the
+        registered adapter name). SGLang refuses unknown ``sampling_params`` keys (0.5.23), so only its own are sent.
+
+        Raises:
+            RequestRefused: ``tool_choice`` required/function.
+        """
+        _refuse_unforwarded(request, "sglang", output_format_ok=True)
+        sampling: dict[str, Any] = {
+            "max_new_tokens": request.max_tokens,
+            "temperature": request.temperature,
+            "top_p": request.top_p,
+            "top_k": -1,
+            "min_p": 0.0,
+            "repetition_penalty": 1.0,
+            "presence_penalty": request.presence_penalty,
+            "frequency_penalty": request.frequency_penalty,
+            "skip_special_tokens": False,
+            "no_stop_trim": True,
+        }
+        if request.stop or request.stop_inclusive:
+            sampling["stop"] = [*request.stop, *request.stop_inclusive]
+        if request.seed is not None:
+            sampling["sampling_seed"] = request.seed
+        if request.logit_bias:
+            sampling["logit_bias"] = {str(token_id): bias for token_id, bias in request.logit_bias.items()}
+        schema = _json_schema(request)
+        if schema is not None:
+            sampling["json_schema"] = json.dumps(schema)  # a JSON string, not an object
+        body: dict[str, Any] = {
+            "input_ids": ids,
+            "sampling_params": sampling,
+            "return_logprob": True,
+            "top_logprobs_num": request.top_logprobs if request.logprobs else 0,
+            "logprob_start_len": -1,
+            "stream": False,
+        }
+        if adapter is not None:
+            body["lora_path"] = adapter
+        return body
+
+    def parse(self, body: dict[str, Any], where: str) -> EngineAnswer:
+        """Read ids, logprobs and the finish reason out of a ``/generate`` answer.
+
+        Raises:
+            UpstreamError: no ``output_ids`` or no ``output_token_logprobs``.
+        """
+        meta = body.get("meta_info")
+        ids = body.get("output_ids")
+        pairs = meta.get("output_token_logprobs") if isinstance(meta, dict) else None
+        if not isinstance(ids, list) or not isinstance(pairs, list) or not isinstance(meta, dict):
+            raise UpstreamError(
+                f"{where} returned no output_ids or no meta_info.output_token_logprobs although asked for them "
+                "(return_logprob)"
+            )
+        logprobs = _floats([pair[0] for pair in pairs], where)
+        top: list[list[tuple[int | str, float]]] = [
+            [(int(alt[1]), float(alt[0])) for alt in (step or [])] for step in meta.get("output_top_logprobs") or []
+        ]
+        reason = meta.get("finish_reason")
+        kind = reason.get("type") if isinstance(reason, dict) else reason
+        finish: FinishReason = "length" if kind == "length" else "abort" if kind == "abort" else "stop"
+        return EngineAnswer(
+            ids=[int(t) for t in ids],
+            logprobs=logprobs,
+            top=top,
+            finish_reason=finish,
+            cached_prompt_tokens=int(meta.get("cached_tokens") or 0),
+        )
+
+
+EngineProtocol = LlamaCppProtocol | VLLMCompletionsProtocol | SGLangGenerateProtocol
+
+AdapterLoader = Callable[[Path, str], Awaitable[str | None]]
+"""``(adapter folder, version) -> adapter name`` requests use from now on (``None``: none needed)."""
+
+
+class TokenEngineBackend:
+    """An :class:`~agentbolt.inference.base.InferenceBackend` over a token-in/token-out engine.
+
+    Build it with :meth:`connect`. Concurrent calls go to the engine at once (it batches them itself).
+
+    Attributes:
+        model_name: the served name (the gateway maps any requested name to it).
+        model_version: stamped on every result; ``base`` until :meth:`set_model_version` / :meth:`load_adapter`.
+        encoder: the chat template and tokenizer side (:class:`PromptEncoder`).
+        max_context_tokens: prompt + ``max_tokens`` must fit (the engine's context per request).
+        stats: generated tokens and the seconds with at least one request in flight.
+        adapter: the LoRA adapter name requests use (``None``: the base weights).
+    """
+
+    refused_request_fields: frozenset[str] = frozenset()
+    """:class:`GenerationRequest` fields refused whatever their value (none; some values are refused, see the
+    module docstring)."""
+
+    def __init__(
+        self,
+        protocol: EngineProtocol,
+        encoder: PromptEncoder,
+        *,
+        base_url: str,
+        model_name: str,
+        max_context_tokens: int,
+        timeout_s: float = 600.0,
+        api_key: str | None = None,
+        adapter_loader: AdapterLoader | None = None,
+        on_close: Callable[[], Awaitable[None]] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.protocol = protocol
+        self.encoder = encoder
+        self.base_url = base_url.rstrip("/")
+        self.model_name = model_name
+        self.model_version = "base"
+        self.max_context_tokens = max_context_tokens
+        self.stats = ThroughputStats()
+        self.adapter: str | None = None
+        self.where = f"the {protocol.kind} engine at {self.base_url}"
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url, timeout=httpx.Timeout(timeout_s, connect=10.0), headers=headers, transport=transport
+        )
+        self._adapter_loader = adapter_loader
+        self._on_close = on_close
+        self._in_flight = 0
+        self._busy_since = 0.0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._open = asyncio.Event()
+        self._open.set()
+        self._pauses = 0
+        self._closed = False
+
+    @classmethod
+    async def connect(
+        cls,
+        kind: str,
+        base_url: str,
+        *,
+        model_dir: Path | str,
+        model_name: str,
+        max_context_tokens: int,
+        api_key: str | None = None,
+        timeout_s: float = 600.0,
+        adapter_loader: AdapterLoader | None = None,
+        on_close: Callable[[], Awaitable[None]] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> TokenEngineBackend:
+        """Connect to the engine ``kind`` at ``base_url`` (its server root, e.g. ``http://127.0.0.1:8080``) serving
+        the weights of ``model_dir`` (whose tokenizer and chat template render the prompts here).
+
+        Args:
+            model_name: the name requests send as ``model`` (vLLM: the served model name) and the gateway serves.
+            max_context_tokens: the engine's context per request (llama.cpp: ``-c`` / ``-np``; vLLM:
+                ``--max-model-len``).
+            adapter_loader: how :meth:`load_adapter` publishes an adapter; default the engine's own route (vLLM,
+                SGLang); llama.cpp needs one (:class:`~agentbolt.inference.llamacpp.LlamaServer`).
+
+        Raises:
+            ConfigError: unknown ``kind``.
+            BackendError: the tokenizer cannot be loaded, or the engine does not answer its health check.
+        """
+        protocol: EngineProtocol
+        if kind == "llamacpp":
+            protocol = LlamaCppProtocol()
+        elif kind == "vllm":
+            protocol = VLLMCompletionsProtocol(model_name)
+        elif kind == "sglang":
+            protocol = SGLangGenerateProtocol()
+        else:
+            raise ConfigError(f"unknown token engine {kind!r}; known engines: {', '.join(ENGINE_KINDS)}")
+        encoder = await asyncio.to_thread(PromptEncoder.from_model_dir, model_dir)
+        backend = cls(
+            protocol,
+            encoder,
+            base_url=base_url,
+            model_name=model_name,
+            max_context_tokens=max_context_tokens,
+            timeout_s=timeout_s,
+            api_key=api_key,
+            adapter_loader=adapter_loader,
+            on_close=on_close,
+            transport=transport,
+        )
+        try:
+            await backend.check_health()
+        except BaseException:
+            await backend._client.aclose()
+            raise
+        return backend
+
+    async def check_health(self) -> None:
+        """``GET /health`` (all three engines have it).
+
+        Raises:
+            BackendError: the engine cannot be reached or is not ready.
+        """
+        try:
+            response = await self._client.get("/health")
+        except httpx.HTTPError as exc:
+            raise BackendError(f"{self.where} cannot be reached ({exc!r}); is it running?") from exc
+        if response.status_code != 200:
+            raise BackendError(f"{self.where} is not ready: GET /health answered {response.status_code}")
+
+    # ------------------------------------------------------------------ training hooks
+
+    @contextlib.asynccontextmanager
+    async def paused(self) -> AsyncIterator[TokenEngineBackend]:
+        """Wait for the requests in flight to end; new ones wait until the block exits (the weights change
+        meanwhile). Re-entrant."""
+        self._pauses += 1
+        self._open.clear()
+        try:
+            await self._idle.wait()
+            yield self
+        finally:
+            self._pauses -= 1
+            if self._pauses == 0:
+                self._open.set()
+
+    def set_model_version(self, version: str) -> None:
+        """Stamp results from now on with ``version``."""
+        self.model_version = version
+
+    async def load_adapter(self, folder: Path, version: str) -> None:
+        """Serve the LoRA adapter saved in ``folder`` (peft's files) from now on, as weights version ``version``.
+        Call it inside :meth:`paused`.
+
+        Raises:
+            BackendError: the engine refused or failed to load it (the message gives its answer).
+        """
+        if self._adapter_loader is not None:
+            name = await self._adapter_loader(folder, version)
+        elif self.protocol.kind == "vllm":
+            name = await self._load_route("/v1/load_lora_adapter", "/v1/unload_lora_adapter", folder, version)
+        elif self.protocol.kind == "sglang":
+            name = await self._load_route("/load_lora_adapter", "/unload_lora_adapter", folder, version)
+        else:
+            raise BackendError(
+                "the llamacpp engine loads adapters only at start: serve it through agentbolt (inference.url "
+                "unset), which restarts llama-server with each new adapter"
+            )
+        self.adapter = name
+        self.model_version = version
+
+    async def _load_route(self, load: str, unload: str, folder: Path, version: str) -> str:
+        name = f"agentbolt-{version}"
+        body = {"lora_name": name, "lora_path": str(Path(folder).resolve())}
+        response = await self._post(load, body)
+        refused = response.status_code >= 400
+        with contextlib.suppress(ValueError, AttributeError):
+            refused = refused or response.json().get("success") is False  # SGLang: JSON with success
+        if refused:
+            hint = (
+                " (start vLLM with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora --max-lora-rank R)"
+                if self.protocol.kind == "vllm"
+                else " (start SGLang with --enable-lora and --max-lora-rank R)"
+            )
+            raise BackendError(
+                f"{self.where} refused to load the adapter {folder}: POST {load} answered "
+                f"{response.status_code}: {response.text[:500]}{hint}; the path must be readable by the engine"
+            )
+        previous = self.adapter
+        if previous is not None:
+            answer = await self._post(unload, {"lora_name": previous})
+            if answer.status_code >= 400:
+                logger.warning("%s did not unload adapter %s: %s", self.where, previous, answer.text[:200])
+        return name
+
+    async def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        try:
+            return await self._client.post(path, json=body)
+        except httpx.HTTPError as exc:
+            raise BackendError(f"{self.where}: POST {path} failed: {exc!r}") from exc
+
+    # ------------------------------------------------------------------ the Protocol
+
+    def encode_prompt(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]:
+        """The exact prompt ids for ``messages`` (:meth:`PromptEncoder.encode_prompt`).
+
+        Raises:
+            ConfigError: the template rejects the messages.
+        """
+        return self.encoder.encode_prompt(messages, tools, chat_template_kwargs)
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """One completion from the engine, with the prompt ids sent and the ids and logprobs it returned.
+
+        Raises:
+            ContextLengthExceededError: prompt + ``max_tokens`` exceeds :attr:`max_context_tokens`.
+            ConfigError / RequestRefused: bad values, or a field this engine does not serve.
+            BackendError: the engine cannot be reached or the backend is closed.
+            UpstreamError: the engine answered with an error, or without ids/logprobs.
+        """
+        if self._closed:
+            raise BackendError(f"the {self.protocol.kind} backend is closed")
+        check_sampling(request)
+        ids = self.encoder.request_ids(request)
+        if len(ids) + request.max_tokens > self.max_context_tokens:
+            raise ContextLengthExceededError(
+                f"the prompt has {len(ids)} tokens and max_tokens is {request.max_tokens}: together more than the "
+                f"engine's context of {self.max_context_tokens} tokens; shorten the conversation or lower max_tokens"
+            )
+        await self._open.wait()
+        self._enter()
+        try:
+            body = self.protocol.payload(ids, request, self.adapter)
+            version = self.model_version
+            response = await self._post(self.protocol.path, body)
+            answer_body = self._json(response)
+            answer = self.protocol.parse(answer_body, self.where)
+        finally:
+            self._leave()
+        if len(answer.logprobs) != len(answer.ids):
+            raise UpstreamError(
+                f"{self.where} returned {len(answer.logprobs)} logprobs for {len(answer.ids)} token ids; they must "
+                "match one to one"
+            )
+        self.stats.requests += 1
+        self.stats.generated_tokens += len(answer.ids)
+        return self._result(request, ids, answer, version)
+
+    def _json(self, response: httpx.Response) -> dict[str, Any]:
+        text = response.text[:1000]
+        if response.status_code >= 400:
+            lowered = text.lower()
+            if response.status_code in (400, 413, 422) and ("context" in lowered or "too long" in lowered):
+                raise ContextLengthExceededError(f"{self.where} refused the prompt as too long: {text}")
+            if response.status_code in (400, 422):
+                raise ConfigError(f"{self.where} refused the request ({response.status_code}): {text}")
+            raise UpstreamError(f"{self.where} answered {response.status_code}: {text}")
+        try:
+            body = response.json()
+        except ValueError as exc:
+            raise UpstreamError(f"{self.where} answered with something that is not JSON: {text!r}") from exc
+        if not isinstance(body, dict):
+            raise UpstreamError(f"{self.where} answered with JSON that is not an object: {text!r}")
+        return body
+
+    def _result(
+        self, request: GenerationRequest, prompt_ids: list[int], answer: EngineAnswer, version: str
+    ) -> GenerationResult:
+        text = self.encoder.decode(answer.ids)
+        stop_sequence = None
+        if answer.stop_word is not None:  # the ids end before the stop string
+            stop_sequence = answer.stop_word
+            if answer.stop_word in request.stop_inclusive:
+                text += answer.stop_word
+        elif request.stop or request.stop_inclusive:
+            text, stop_sequence = cut_at_stop(text, request.stop, request.stop_inclusive)
+        token_logprobs = None
+        if request.logprobs:
+            token_logprobs = self.encoder.token_logprobs(answer.ids, answer.logprobs)
+            for entry, alternatives in zip(token_logprobs, answer.top, strict=False):
+                entry["top_logprobs"] = [
+                    self.encoder.token_entry(alt, value)
+                    if isinstance(alt, int)
+                    else {"token": alt, "logprob": value, "bytes": list(alt.encode())}
+                    for alt, value in alternatives[: request.top_logprobs]
+                ]
+            if stop_sequence is not None:
+                token_logprobs = entries_within(token_logprobs, len(text))
+        if answer.finish_reason != "abort" and request.prompt is None:
+            self.encoder.remember(prompt_ids, answer.ids)
+        return GenerationResult(
+            prompt_token_ids=prompt_ids,
+            response_token_ids=answer.ids,
+            response_logprobs=answer.logprobs,
+            text=text,
+            finish_reason=answer.finish_reason,
+            model_version=version,
+            extra={"engine": self.protocol.kind, "cached_prompt_tokens": answer.cached_prompt_tokens},
+            stop_sequence=stop_sequence,
+            token_logprobs=token_logprobs,
+        )
+
+    def _enter(self) -> None:
+        if self._in_flight == 0:
+            self._busy_since = time.monotonic()
+            self._idle.clear()
+        self._in_flight += 1
+
+    def _leave(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self.stats.generation_s += time.monotonic() - self._busy_since
+            self._idle.set()
+
+    async def close(self) -> None:
+        """Close the connection pool, and stop the engine when this backend started it."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._client.aclose()
+        if self._on_close is not None:
+            await self._on_close()
