@@ -9,7 +9,7 @@ FRAMEWORKS := openai_plain langgraph openai_agents autogen crewai
 FRAMEWORK_ENVS := .venv-frameworks
 FRAMEWORK_STAMPS := $(FRAMEWORKS:%=$(FRAMEWORK_ENVS)/%/.agentbolt-installed)
 
-.PHONY: setup framework-envs bench-deps demo test lint typecheck unit clean
+.PHONY: setup framework-envs bench-deps llamacpp demo test lint typecheck unit clean
 
 setup: $(STAMP)
 
@@ -31,9 +31,15 @@ bench-deps: setup
 	CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" $(BIN)/python -m pip install \
 		--quiet --no-binary llama-cpp-python llama-cpp-python==$(LLAMA_CPP_PYTHON)
 	mkdir -p .agentbolt/llama-src
-	$(BIN)/python -m pip download --quiet --no-deps --no-binary :all: -d .agentbolt/llama-src \
+	$(BIN)/python -m pip download --quiet --no-deps --no-binary llama-cpp-python -d .agentbolt/llama-src \
 		llama-cpp-python==$(LLAMA_CPP_PYTHON)
 	tar xzf .agentbolt/llama-src/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C .agentbolt/llama-src
+
+# llama.cpp's llama-server and GGUF converters, built from source into ~/.cache/agentbolt/llama.cpp (or
+# $AGENTBOLT_LLAMA_CPP) for `inference: {engine: llamacpp}` and its tests (skipped without it). About 15 minutes on two
+# cores, once; not part of setup.
+llamacpp: setup
+	PY=$(BIN)/python scripts/build_llama_cpp.sh
 
 # Remade from scratch when its requirements or agentbolt's dependencies change; fails if torch got in.
 $(FRAMEWORK_ENVS)/%/.agentbolt-installed: examples/frameworks/%/requirements.txt pyproject.toml scripts/build_framework_env.sh

@@ -137,8 +137,8 @@ from typing import Any
 from machine_info import cpu_model, git_commit
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-ARMS = ("gateway-continuous", "gateway-generate", "transformers-generate", "llamacpp")
-GATEWAY_ARMS = ("gateway-continuous", "gateway-generate")
+ARMS = ("gateway-continuous", "gateway-generate", "gateway-llamacpp", "transformers-generate", "llamacpp")
+GATEWAY_ARMS = ("gateway-continuous", "gateway-generate", "gateway-llamacpp")
 END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>")
 """End-of-turn tokens that stop generation when the vocabulary has them (as the embedded backend's stop ids)."""
 WARMUP_TOKENS = 4
@@ -460,6 +460,8 @@ def _stats(backend: Any) -> dict[str, float]:
     stats = backend.stats
     cache = getattr(backend, "prefix_cache", None)
     return {
+        "requests": stats.requests,
+        "generated_tokens": stats.generated_tokens,
         "decode_steps": stats.decode_steps,
         "decode_rows": stats.decode_rows,
         "generation_s": stats.generation_s,
@@ -525,7 +527,11 @@ async def run_gateway_arm(
     from agentbolt.store.memory import InMemoryLightningStore
     from agentbolt.types import AttemptStatus, RolloutConfig
 
-    backend, note = await asyncio.to_thread(load_backend, args, directory, arm == "gateway-continuous")
+    server = None
+    if arm == "gateway-llamacpp":
+        backend, server, note = await start_llamacpp_engine(args, directory)
+    else:
+        backend, note = await asyncio.to_thread(load_backend, args, directory, arm == "gateway-continuous")
     timed = TimedBackend(backend)
     store = InMemoryLightningStore()
     no_lease = RolloutConfig(unresponsive_seconds=None)
@@ -553,8 +559,12 @@ async def run_gateway_arm(
                 n = args.requests_for(c)
                 clients = await attempt_clients(n)
                 async with backend.paused():
-                    backend.prefix_cache.clear()
-                    backend.max_batch_size = c
+                    if server is not None:  # a fresh llama-server: no prompt cached from the level before
+                        await server.stop()
+                        await server.start()
+                    else:
+                        backend.prefix_cache.clear()
+                        backend.max_batch_size = c
                 timed.times.clear()
                 torch.manual_seed(args.seed)
                 before = _stats(backend)
@@ -583,8 +593,9 @@ async def run_gateway_arm(
                     prefix_lookup_tokens=delta["prefix_lookup_tokens"],
                     prefix_cache_cleared=True,
                     max_batch_size=c,
-                    batch_wait_s=backend.batch_wait_s,
-                    continuous_batching=arm == "gateway-continuous",
+                    batch_wait_s=getattr(backend, "batch_wait_s", None),
+                    continuous_batching=arm in ("gateway-continuous", "gateway-llamacpp"),
+                    **({"llama_server_parallel": server.parallel} if server is not None else {}),
                     **({"note": note} if note else {}),
                 )
                 emit(line)
@@ -593,6 +604,23 @@ async def run_gateway_arm(
         await backend.close()
         with contextlib.suppress(Exception):
             await store.close()
+
+
+async def start_llamacpp_engine(args: argparse.Namespace, directory: Path) -> tuple[Any, Any, str]:
+    """agentbolt's llamacpp engine (``inference.engine: llamacpp``): llama-server built by ``make llamacpp`` with
+    one slot per request of the highest level, behind the gateway's token-in/token-out backend."""
+    from agentbolt.inference.llamacpp import start_llama_server
+    from agentbolt.inference.token_engines import TokenEngineBackend
+
+    parallel = max(args.levels)
+    server = await start_llama_server(
+        directory, Path("/tmp/agentbolt-bench-llama"), parallel=parallel, context_per_slot=1024, threads=args.threads
+    )
+    backend = await TokenEngineBackend.connect(
+        "llamacpp", server.url, model_dir=directory, model_name=args.model, max_context_tokens=1024,
+        on_close=server.stop,
+    )  # fmt: skip
+    return backend, server, f"llama-server --parallel {parallel}, bf16 GGUF {server.gguf.name}"
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -122,7 +122,7 @@ async def _evaluate(
 ) -> dict[str, Any]:
     """:func:`run_checkpoint_eval` once the checkpoint is checked and ``out`` is this job's."""
     from agentbolt.algorithms.rl.weight_sync import apply_adapter
-    from agentbolt.trainer.local import LocalMachine, fresh_db_path, local_serving
+    from agentbolt.trainer.local import LocalMachine, fresh_db_path, load_engine, local_serving
     from agentbolt.trainer.loop import RLTrainer
 
     t_start = time.perf_counter()
@@ -136,15 +136,23 @@ async def _evaluate(
         f"max_tokens {grpo.max_tokens}"
     )
     machine = LocalMachine.of(config)
-    loaded = machine.load_model(console)
-    try:  # the checkpoint's adapter is merged before the server starts: the gateway serves only the trained weights
-        t_merge = time.perf_counter()
-        apply_adapter(loaded.backend.model, info.path)
-        loaded.backend.set_model_version(info.model_version)
-        loaded.setup_s += time.perf_counter() - t_merge
-    except BaseException:
-        await loaded.backend.close()
-        raise
+    if machine.engine != "embedded":  # the config's engine serves the checkpoint's adapter (loaded before serving)
+        loaded, _ = await load_engine(machine, db_path.parent / "engine", console)
+        try:
+            await loaded.backend.load_adapter(info.path, info.model_version)
+        except BaseException:
+            await loaded.backend.close()
+            raise
+    else:
+        loaded = machine.load_model(console)
+        try:  # the adapter is merged before the server starts: the gateway serves only the trained weights
+            t_merge = time.perf_counter()
+            apply_adapter(loaded.backend.model, info.path)
+            loaded.backend.set_model_version(info.model_version)
+            loaded.setup_s += time.perf_counter() - t_merge
+        except BaseException:
+            await loaded.backend.close()
+            raise
     async with local_serving(machine, db_path=db_path, console=console, loaded=loaded) as serving:
         evaluator = RLTrainer(
             serving.store, serving.backend, None, grpo, gateway_url=serving.url, agent_match=config.agent_match
