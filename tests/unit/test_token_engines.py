@@ -4,7 +4,7 @@ No engine runs here: an ``httpx.MockTransport`` handed to :class:`TokenEngineBac
 backend sends and answers as the engine would. The vLLM and SGLang answers are the recorded payloads of
 ``tests/fixtures/engines/`` (reconstructed from vLLM 0.34 / SGLang 0.5.23 source, not a running server: see its
 README.md). Those payloads hold Qwen2.5 token ids; the prompts here are rendered by SmolLM2's real tokenizer, so the
-generated ids of the fixtures are mapped to SmolLM2's ids for the same tokens (see :data:`QWEN_TO_SMOLLM2`).
+generated ids of the fixtures are mapped to SmolLM2's ids for the same tokens (the ``token_map`` fixture).
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ from agentbolt.inference.base import (
     UpstreamError,
 )
 from agentbolt.inference.prompt_encoding import PromptEncoder
-from agentbolt.inference.transcripts import TranscriptCache
 from agentbolt.inference.token_engines import (
     LlamaCppProtocol,
     SGLangGenerateProtocol,
     TokenEngineBackend,
     VLLMCompletionsProtocol,
 )
+from agentbolt.inference.transcripts import TranscriptCache
 from agentbolt.trainer.job_config import InferenceConfig, TrainConfig, check_trainer
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "engines"
@@ -310,11 +310,6 @@ def test_vllm_recorded_payload_with_stop_logprobs_and_response_format(
     assert result.token_logprobs[0]["top_logprobs"] == [{"token": "4", "logprob": -0.0123, "bytes": [52]}]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG token_engines.py _result(): vLLM's top_logprobs dict puts the sampled token first, then the top N; "
-    "the first N entries are taken instead of the N most likely",
-)
 def test_vllm_top_logprobs_are_the_most_likely_tokens(encoder: PromptEncoder, token_map: dict[int, int]) -> None:
     """Recorded payloads reconstructed from vLLM 0.34 / SGLang 0.5.23 source, not a running server: with
     ``logprobs: N`` each ``top_logprobs`` dict holds the sampled token first, then the N most likely (fixtures
@@ -500,9 +495,7 @@ def test_vllm_failed_unload_only_warns(
 
 
 @pytest.mark.parametrize("status", [404, 400])
-def test_vllm_refused_load_names_the_route_and_the_env_var(
-    encoder: PromptEncoder, tmp_path: Path, status: int
-) -> None:
+def test_vllm_refused_load_names_the_route_and_the_env_var(encoder: PromptEncoder, tmp_path: Path, status: int) -> None:
     """Recorded payloads reconstructed from vLLM 0.34 / SGLang 0.5.23 source, not a running server: 404 is the route
     missing (VLLM_ALLOW_RUNTIME_LORA_UPDATING unset), 400 the recorded "already loaded" error."""
     already = load_fixture("vllm_load_lora.json")["error_examples"][0]
@@ -883,12 +876,9 @@ def test_paused_holds_new_requests_and_waits_for_those_in_flight(
     assert backend.stats.generation_s > 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG token_engines.py generate(): a request woken by one pause's exit is sent during the next pause "
-    "entered without a yield in between (await self._open.wait() is not re-checked)",
-)
 def test_a_request_released_by_one_pause_waits_for_the_next(encoder: PromptEncoder, token_map: dict[int, int]) -> None:
+    """Two weight updates back to back (no await between the blocks): the request held by the first must not be sent
+    while the second holds the pause."""
     engine = Engine({"/v1/completions": answer(json_body=vllm_response(token_map))})
     backend = backend_for("vllm", encoder, engine)
     request = GenerationRequest(messages=QUESTION, max_tokens=16)

@@ -288,8 +288,10 @@ class VLLMCompletionsProtocol:
                 "logprobs): it must be vLLM >= 0.10.2"
             )
         tops = (logprobs or {}).get("top_logprobs") or []
+        # each step's dict holds the sampled token first, then the most likely ones: most likely first here
         top: list[list[tuple[int | str, float]]] = [
-            [(str(text), float(value)) for text, value in (step or {}).items()] for step in tops
+            sorted(((str(text), float(value)) for text, value in (step or {}).items()), key=lambda pair: -pair[1])
+            for step in tops
         ]
         usage = body.get("usage") or {}
         details = usage.get("prompt_tokens_details") or {}
@@ -618,7 +620,8 @@ class TokenEngineBackend:
                 f"the prompt has {len(ids)} tokens and max_tokens is {request.max_tokens}: together more than the "
                 f"engine's context of {self.max_context_tokens} tokens; shorten the conversation or lower max_tokens"
             )
-        await self._open.wait()
+        while not self._open.is_set():  # a pause that began while this one waited holds it again
+            await self._open.wait()
         self._enter()
         try:
             body = self.protocol.payload(ids, request, self.adapter)
