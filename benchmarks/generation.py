@@ -416,8 +416,10 @@ class TimedBackend:
         return await self._inner.generate(request)
 
     async def stream(self, request: Any) -> Any:
+        from agentbolt.inference.base import start_stream
+
         times = self.times.setdefault(str(request.messages[-1].get("content")), ServerTimes())
-        return _TimedStream(await self._inner.stream(request), times)
+        return _TimedStream(await start_stream(self._inner, request), times)  # whole answer at once without stream
 
     async def close(self) -> None:
         await self._inner.close()

@@ -712,6 +712,10 @@ def test_llamacpp_payload_pins_the_sampler_chain() -> None:
     greedy = protocol.payload(ids, GenerationRequest(messages=QUESTION, temperature=0.0), None)
     assert greedy["post_sampling_probs"] is False
     assert greedy["n_probs"] == 1
+    # at T = 1 the plain softmax is the sampling distribution: no sort of the vocabulary after the chain
+    plain = protocol.payload(ids, GenerationRequest(messages=QUESTION, temperature=1.0), None)
+    assert plain["post_sampling_probs"] is False
+    assert nucleus["post_sampling_probs"] is True
 
     rich = protocol.payload(
         ids,

@@ -20,9 +20,10 @@ Sampling is made explicit as in the embedded backend: no top-k, no min-p, no rep
 defaults (llama.cpp samples with top_k 40, min_p 0.05 unless told otherwise) cannot change the distribution.
 Which distribution the logprobs are of (the embedded backend records ``log_softmax(logits / T)`` at the chosen id):
 
-- llama.cpp, ``temperature > 0``: ``post_sampling_probs`` gives the probability after its sampler chain, here the
-  temperature alone (plus top-p when ``top_p < 1``: then it is the renormalized nucleus probability, higher than the
-  embedded backend's by the nucleus mass); greedy: a plain softmax of the logits, as the embedded backend's.
+- llama.cpp: at temperature 1 (and greedy) a plain softmax of the logits, which is the sampling distribution (and
+  what the embedded backend records when greedy); at other temperatures ``post_sampling_probs``, the probability
+  after its sampler chain, here the temperature alone (plus top-p when ``top_p < 1``: then it is the renormalized
+  nucleus probability, higher than the embedded backend's by the nucleus mass).
 - vLLM: ``--logprobs-mode processed_logprobs`` gives the tempered distribution; its default ``raw_logprobs`` is the
   model's distribution before temperature (equal at T = 1).
 - SGLang: the logprobs it returns (see ``tests/fixtures/engines/README.md`` for the flags that change them).
@@ -133,15 +134,18 @@ class LlamaCppProtocol:
 
     def payload(self, ids: list[int], request: GenerationRequest, adapter: str | None) -> dict[str, Any]:
         """The JSON body: the prompt as ids (no BOS is added to an id prompt), ``return_tokens``, ``n_probs`` and,
-        when sampling, ``post_sampling_probs``; a sampler chain of only ``temperature`` (and ``top_p`` when below 1)
-        so that the server's default top-k/min-p/penalties do not apply; ``cache_prompt`` (the slot reuses the
-        longest common prefix).
+        when the temperature is neither 0 nor 1 (or top-p cuts), ``post_sampling_probs``; a sampler chain of only
+        ``temperature`` (and ``top_p`` when below 1) so that the server's default top-k/min-p/penalties do not apply;
+        ``cache_prompt`` (the slot reuses the longest common prefix).
 
         Raises:
             RequestRefused: ``tool_choice`` required/function.
         """
         _refuse_unforwarded(request, "llamacpp", output_format_ok=True)
-        greedy = request.temperature == 0
+        # A plain softmax of the logits is the sampling distribution at T = 1 (and what is recorded when greedy);
+        # any other temperature, or a top-p cut, needs the probabilities after the sampler chain, which cost a
+        # sort of the whole vocabulary per token (measured: 22.8 against 34.3 tokens/s at 16 requests, Qwen2.5-0.5B).
+        post_sampling = request.temperature not in (0.0, 1.0) or request.top_p < 1 or request.penalized
         samplers = ["temperature"] if request.top_p >= 1 else ["temperature", "top_p"]
         if request.penalized:
             samplers = ["penalties", *samplers]
@@ -158,7 +162,7 @@ class LlamaCppProtocol:
             "frequency_penalty": request.frequency_penalty,
             "samplers": samplers,
             "n_probs": max(1, request.top_logprobs if request.logprobs else 0),
-            "post_sampling_probs": not greedy,
+            "post_sampling_probs": post_sampling,
             "return_tokens": True,
             "cache_prompt": True,
             "stream": False,
