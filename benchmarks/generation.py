@@ -139,29 +139,7 @@ from machine_info import cpu_model, git_commit
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("gateway-continuous", "gateway-generate", "gateway-llamacpp", "transformers-generate", "llamacpp")
 GATEWAY_ARMS = ("gateway-continuous", "gateway-generate", "gateway-llamacpp")
-END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>")
-"""End-of-turn tokens that stop generation when the vocabulary has them (as the embedded backend's stop ids)."""
 WARMUP_TOKENS = 4
-
-CONVERT_BOOTSTRAP = """
-import os, runpy, sys
-script = sys.argv[1]
-sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-try:
-    import sentencepiece  # noqa: F401
-except ImportError:  # imported before the converter checks that tokenizer.model exists: skip it when it does not
-    from conversion import base
-    original = base.TextModel._create_vocab_sentencepiece
-    def create_vocab_sentencepiece(self):
-        if not (self.dir_model / "tokenizer.model").is_file():
-            raise FileNotFoundError(self.dir_model / "tokenizer.model")
-        return original(self)
-    base.TextModel._create_vocab_sentencepiece = create_vocab_sentencepiece
-sys.argv = sys.argv[1:]
-runpy.run_path(script, run_name="__main__")
-"""
-"""Runs ``convert_hf_to_gguf.py SCRIPT ARGS...`` with its own directory on ``sys.path`` (it imports ``conversion``
-from there)."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -208,18 +186,10 @@ def prompt_ids(tokenizer: Any, question: str) -> list[int]:
 
 def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
     """eos ids of the generation config and tokenizer, plus the end-of-turn tokens the vocabulary has (the embedded
-    backend's rule)."""
-    ids: list[int] = []
-    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    for candidate in [*(configured if isinstance(configured, list) else [configured]), tokenizer.eos_token_id]:
-        if isinstance(candidate, int) and candidate not in ids:
-            ids.append(candidate)
-    vocab = tokenizer.get_vocab()
-    for token in END_OF_TURN:
-        token_id = vocab.get(token)
-        if isinstance(token_id, int) and token_id not in ids:
-            ids.append(token_id)
-    return ids
+    backend's rule, :func:`agentbolt.inference.prompt_encoding.stop_token_ids`)."""
+    from agentbolt.inference.prompt_encoding import stop_token_ids as rule
+
+    return rule(tokenizer, getattr(getattr(model, "generation_config", None), "eos_token_id", None))
 
 
 def model_dir(name: str) -> Path:
@@ -758,6 +728,8 @@ def find_gguf(args: argparse.Namespace, directory: Path) -> tuple[Path | None, s
         return None, f"no GGUF at {path} and {why} to convert one (run make bench-deps; see the module docstring)"
     cache.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
+    from agentbolt.inference.llamacpp import CONVERT_BOOTSTRAP
+
     cmd = [sys.executable, "-c", CONVERT_BOOTSTRAP, str(script), str(directory)]
     cmd += ["--outtype", args.gguf_type, "--outfile", str(partial)]
     started = time.monotonic()

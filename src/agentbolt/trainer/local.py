@@ -756,17 +756,7 @@ async def local_training(
             swap_gate=serving.gate,
         )
         try:
-            yield LocalTraining(
-                trainer,
-                serving.store,
-                backend,
-                serving.url,
-                serving.model_setup_s,
-                updater,
-                serving.runners,
-                serving.unscoped_calls,
-                serving.runner_exits,
-            )
+            yield _training(trainer, serving, updater)
         finally:
             trainer.close()
 
@@ -842,16 +832,21 @@ async def _engine_training(
             swap_gate=serving.gate,
         )
         try:
-            yield LocalTraining(
-                trainer,
-                serving.store,
-                backend,
-                serving.url,
-                serving.model_setup_s,
-                updater,
-                serving.runners,
-                serving.unscoped_calls,
-                serving.runner_exits,
-            )
+            yield _training(trainer, serving, updater)
         finally:
             trainer.close()
+
+
+def _training(trainer: RLTrainer, serving: LocalServing, updater: TorchPolicyTrainer) -> LocalTraining:
+    """What :func:`local_training` yields: the trainer over what :func:`local_serving` started."""
+    return LocalTraining(
+        trainer,
+        serving.store,
+        serving.backend,
+        serving.url,
+        serving.model_setup_s,
+        updater,
+        serving.runners,
+        serving.unscoped_calls,
+        serving.runner_exits,
+    )
