@@ -944,3 +944,29 @@ def test_trainer_verl_parses_but_is_refused() -> None:
     with pytest.raises(ConfigError, match="trainer: verl is not run by agentbolt train yet"):
         check_trainer(config)
     assert check_trainer(TrainConfig()) is None
+
+
+def test_vllm_connect_checks_the_served_model_name(smollm2_dir: Path) -> None:
+    """``connect`` asks vLLM's ``GET /v1/models`` (recorded shape) and refuses a name it does not serve."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200)
+        assert request.url.path == "/v1/models"
+        return httpx.Response(200, json={"object": "list", "data": [{"id": "Qwen/Qwen2.5-0.5B-Instruct"}]})
+
+    async def connect(name: str) -> TokenEngineBackend:
+        return await TokenEngineBackend.connect(
+            "vllm",
+            "http://vllm.test",
+            model_dir=smollm2_dir,
+            model_name=name,
+            max_context_tokens=2048,
+            transport=httpx.MockTransport(handler),
+        )
+
+    with pytest.raises(ConfigError, match=r"does not serve 'smollm2'; it serves Qwen/Qwen2.5-0.5B-Instruct"):
+        asyncio.run(connect("smollm2"))
+    backend = asyncio.run(connect("Qwen/Qwen2.5-0.5B-Instruct"))
+    assert backend.model_name == "Qwen/Qwen2.5-0.5B-Instruct"
+    asyncio.run(backend.close())

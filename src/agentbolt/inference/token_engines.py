@@ -502,10 +502,34 @@ class TokenEngineBackend:
         )
         try:
             await backend.check_health()
+            if kind == "vllm":
+                await backend.check_served_model()
         except BaseException:
             await backend._client.aclose()
             raise
         return backend
+
+    async def check_served_model(self) -> None:
+        """vLLM: ``GET /v1/models`` lists :attr:`model_name` (requests name it as ``model``).
+
+        Raises:
+            ConfigError: it does not (the message lists what the server serves, for ``inference.served_model``).
+            BackendError: the server cannot be reached.
+        """
+        try:
+            response = await self._client.get("/v1/models")
+        except httpx.HTTPError as exc:
+            raise BackendError(f"{self.where} cannot be reached ({exc!r})") from exc
+        if response.status_code != 200:
+            return  # not a listing this client understands: the first request will say what is wrong
+        served: list[str] = []
+        with contextlib.suppress(ValueError, AttributeError, TypeError, KeyError):
+            served = [str(entry["id"]) for entry in response.json().get("data", [])]
+        if served and self.model_name not in served:
+            raise ConfigError(
+                f"{self.where} does not serve {self.model_name!r}; it serves {', '.join(served)}: set "
+                "inference.served_model to the base model's name"
+            )
 
     async def check_health(self) -> None:
         """``GET /health`` (all three engines have it).
