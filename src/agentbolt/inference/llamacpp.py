@@ -17,15 +17,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import hashlib
 import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -152,6 +155,23 @@ def adapter_gguf(tools: LlamaCppTools, adapter_dir: Path, model_dir: Path, out: 
     return out
 
 
+def _die_with_parent() -> Callable[[], None] | None:
+    """On Linux, a ``preexec_fn`` that asks the kernel to SIGTERM the child when the thread that started it dies
+    (``PR_SET_PDEATHSIG``), so a job killed with SIGKILL leaves no ``llama-server`` behind. libc is loaded here,
+    before the fork, so the child only makes the one call."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def arm() -> None:
+        prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+
+    return arm
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -234,7 +254,9 @@ class LlamaServer:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         log = (self.work_dir / "llama-server.log").open("ab")
         try:
-            self._process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT)
+            self._process = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent()
+            )
         finally:
             log.close()
         deadline = time.monotonic() + self.ready_timeout_s
