@@ -67,3 +67,12 @@ def test_a_cuda_device_on_a_machine_without_one_is_refused_before_writing(tmp_pa
     assert result.exit_code == 2
     assert "device 'cuda' is not available here" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "z").exists()
+
+
+def test_error_text_keeps_its_brackets(tmp_path: Path) -> None:
+    """An error's text is printed as plain text, not rich markup: ``'agentbolt[verl]'`` keeps its ``[verl]``."""
+    config = tmp_path / "train.yaml"
+    config.write_text(f"trainer: verl\nout_dir: {tmp_path / 'run'}\n")
+    result = CliRunner().invoke(app, ["train", str(config)])
+    assert result.exit_code == 2, result.output
+    assert "pip install 'agentbolt[verl]'" in result.output and "Traceback" not in result.output

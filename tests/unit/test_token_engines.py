@@ -10,11 +10,12 @@ generated ids of the fixtures are mapped to SmolLM2's ids for the same tokens (t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import math
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import pytest
 from pydantic import ValidationError
 
 from agentbolt.errors import BackendError, ConfigError
+from agentbolt.inference import token_engines
 from agentbolt.inference.base import (
     ContextLengthExceededError,
     GenerationRequest,
@@ -934,6 +936,8 @@ def test_inference_config_url_rules() -> None:
         InferenceConfig(engine="embedded", url="http://127.0.0.1:8080")
 
     assert InferenceConfig(engine="vllm", url="http://127.0.0.1:8000").url == "http://127.0.0.1:8000"
+    with pytest.raises(ValidationError, match=r"use http://127.0.0.1:8000 instead of http://127.0.0.1:8000/v1/"):
+        InferenceConfig(engine="vllm", url="http://127.0.0.1:8000/v1/")
     assert InferenceConfig(engine="llamacpp").url is None
     assert InferenceConfig().engine == "embedded"
 
@@ -970,3 +974,79 @@ def test_vllm_connect_checks_the_served_model_name(smollm2_dir: Path) -> None:
     backend = asyncio.run(connect("Qwen/Qwen2.5-0.5B-Instruct"))
     assert backend.model_name == "Qwen/Qwen2.5-0.5B-Instruct"
     asyncio.run(backend.close())
+
+
+def test_health_check_names_a_hung_engine_and_a_wrong_root(smollm2_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real sockets on 127.0.0.1: a server that accepts and never answers is named after the short health timeout
+    (not the generation timeout); a server without ``/health`` (404) gets the hint that the URL must be the root."""
+    monkeypatch.setattr(token_engines, "HEALTH_TIMEOUT_S", 0.5)
+
+    async def connect_to(answer: bytes | None) -> BaseException:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            if answer is None:
+                await asyncio.sleep(30)  # hung: the request is read, no answer comes
+            writer.write(answer or b"")
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        t0 = asyncio.get_running_loop().time()
+        try:
+            with pytest.raises(BackendError) as caught:
+                await TokenEngineBackend.connect(
+                    "sglang",
+                    f"http://127.0.0.1:{port}",
+                    model_dir=smollm2_dir,
+                    model_name="m",
+                    max_context_tokens=2048,
+                    timeout_s=600.0,
+                )
+        finally:
+            server.close()
+        assert asyncio.get_running_loop().time() - t0 < 5.0
+        return caught.value
+
+    hung = asyncio.run(connect_to(None))
+    assert "did not answer GET /health within 0.5 s" in str(hung)
+    assert "hung" in str(hung)
+    not_found = asyncio.run(connect_to(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"))
+    assert "answered 404 to GET /health: inference.url must be the sglang server's root" in str(not_found)
+
+
+def test_an_update_that_did_not_step_publishes_nothing() -> None:
+    """``RLTrainer.swap_weights(changed=False)`` (the update skipped: no samples, every advantage 0) moves the version
+    on without publishing: a llama.cpp engine is not restarted with an adapter equal to the one it serves."""
+    from agentbolt.config import GRPOConfig
+    from agentbolt.store.memory import InMemoryLightningStore
+    from agentbolt.trainer.loop import RLTrainer
+
+    class Backend:
+        model_name = "m"
+        model_version = "base"
+        pauses = 0
+
+        @contextlib.asynccontextmanager
+        async def paused(self) -> AsyncIterator[None]:
+            self.pauses += 1
+            yield
+
+        def set_model_version(self, version: str) -> None:
+            self.model_version = version
+
+    published: list[str] = []
+
+    async def publish(version: str) -> None:
+        published.append(version)
+
+    backend = Backend()
+    trainer = RLTrainer(
+        InMemoryLightningStore(), backend, None, GRPOConfig(), gateway_url="http://x", publish_weights=publish
+    )
+    asyncio.run(trainer.swap_weights("step-1", changed=False))
+    assert published == [] and backend.pauses == 0
+    assert backend.model_version == "step-1" and trainer.versions == ["base", "step-1"]
+    asyncio.run(trainer.swap_weights("step-2"))
+    assert published == ["step-2"] and backend.pauses == 1
+    assert backend.model_version == "step-2" and trainer.versions == ["base", "step-1", "step-2"]

@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
@@ -113,5 +114,6 @@ def fail(exc: Exception) -> NoReturn:
         message = "; ".join(str(err.get("msg", err)) for err in exc.errors())
     else:
         message = str(exc)
-    err_console.print(f"[bold red]error:[/] {message}", markup=True, highlight=False)
+    # The message is plain text: escaped, so "pip install 'agentbolt[verl]'" keeps its brackets.
+    err_console.print(f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False)
     raise typer.Exit(code=getattr(exc, "exit_code", 2))  # a job that ran and failed (NothingToTrain) exits 1

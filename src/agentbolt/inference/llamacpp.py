@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -96,9 +97,11 @@ class LlamaCppTools:
         if server is None or source is None:
             missing = "llama-server" if server is None else "llama.cpp's converters (convert_lora_to_gguf.py)"
             raise ConfigError(
-                f"no {missing} in {root}: build llama.cpp there with `make llamacpp` (or `scripts/build_llama_cpp.sh "
-                f"{root}`; about 10 minutes on two cores), or point {LLAMA_CPP_ENV} / inference.llama_cpp_dir at a "
-                "folder with bin/llama-server and the llama.cpp source in src/"
+                f"no {missing} in {root}: build llama.cpp there with "
+                f"`scripts/build_llama_cpp.sh {shlex.quote(str(root))}` (`make llamacpp` runs it for {LLAMA_CPP_ENV} "
+                "or the default folder; about 15 minutes on two cores, once), or point "
+                f"{LLAMA_CPP_ENV} / inference.llama_cpp_dir at a folder with bin/llama-server and the "
+                "llama.cpp source in src/"
             )
         return cls(server=server, source=source)
 
@@ -253,7 +256,9 @@ class LlamaServer:
         """
         self.work_dir.mkdir(parents=True, exist_ok=True)
         log = (self.work_dir / "llama-server.log").open("ab")
-        try:
+        try:  # the command first, so the log says which model, adapter and settings each start had
+            log.write(f"\n[agentbolt] {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(self.command())}\n".encode())
+            log.flush()
             self._process = subprocess.Popen(
                 self.command(), stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent()
             )

@@ -74,6 +74,8 @@ logger = logging.getLogger(__name__)
 
 EngineKind = Literal["llamacpp", "vllm", "sglang"]
 ENGINE_KINDS: tuple[EngineKind, ...] = ("llamacpp", "vllm", "sglang")
+HEALTH_TIMEOUT_S = 10.0
+"""Longest wait (seconds) for an engine's answer to ``GET /health``."""
 
 
 @dataclass
@@ -531,16 +533,29 @@ class TokenEngineBackend:
                 "inference.served_model to the base model's name"
             )
 
-    async def check_health(self) -> None:
-        """``GET /health`` (all three engines have it).
+    async def check_health(self, timeout_s: float | None = None) -> None:
+        """``GET /health`` (all three engines have it), waiting at most ``timeout_s`` seconds for the answer
+        (default :data:`HEALTH_TIMEOUT_S`), so a hung engine is named at once rather than after the generation
+        requests' much longer timeout.
 
         Raises:
-            BackendError: the engine cannot be reached or is not ready.
+            BackendError: the engine cannot be reached, did not answer in time, or is not ready.
         """
+        timeout_s = HEALTH_TIMEOUT_S if timeout_s is None else timeout_s
         try:
-            response = await self._client.get("/health")
+            response = await self._client.get("/health", timeout=timeout_s)
+        except httpx.TimeoutException as exc:
+            raise BackendError(
+                f"{self.where} accepted the connection but did not answer GET /health within {timeout_s:g} s: is "
+                "the engine hung or still loading? Check its log, or restart it"
+            ) from exc
         except httpx.HTTPError as exc:
             raise BackendError(f"{self.where} cannot be reached ({exc!r}); is it running?") from exc
+        if response.status_code == 404:
+            raise BackendError(
+                f"{self.where} answered 404 to GET /health: inference.url must be the {self.protocol.kind} "
+                f"server's root (http://host:port), and the server a {self.protocol.kind} server"
+            )
         if response.status_code != 200:
             raise BackendError(f"{self.where} is not ready: GET /health answered {response.status_code}")
 
@@ -646,7 +661,8 @@ class TokenEngineBackend:
         if len(ids) + request.max_tokens > self.max_context_tokens:
             raise ContextLengthExceededError(
                 f"the prompt has {len(ids)} tokens and max_tokens is {request.max_tokens}: together more than the "
-                f"engine's context of {self.max_context_tokens} tokens; shorten the conversation or lower max_tokens"
+                f"engine's context of {self.max_context_tokens} tokens per request; shorten the conversation, lower "
+                "max_tokens, or raise inference.context_per_request in the job's config"
             )
         while not self._open.is_set():  # a pause that began while this one waited holds it again
             await self._open.wait()

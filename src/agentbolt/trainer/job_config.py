@@ -71,6 +71,12 @@ class InferenceConfig(_Config):
                 f"inference.engine {self.engine} needs inference.url, the root of a running {self.engine} server "
                 "(e.g. http://127.0.0.1:8000)"
             )
+        if self.url and self.url.rstrip("/").endswith("/v1"):
+            root = self.url.rstrip("/").removesuffix("/v1")
+            raise ValueError(
+                f"inference.url is the {self.engine} server's root, not its OpenAI API root: use {root} instead of "
+                f"{self.url} (agentbolt calls {root}/health and the engine's own token routes)"
+            )
         if self.engine == "embedded" and self.url:
             raise ValueError("inference.url is for a remote engine; the embedded engine runs in the job's process")
         if self.engine == "llamacpp" and self.url:

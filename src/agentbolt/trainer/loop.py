@@ -543,7 +543,9 @@ class RLTrainer:
             stats = await self.on_update_thread(self._update_paused, batch.samples)
         else:
             stats = dict(await self.on_update_thread(self._updater().train_step, batch.samples))
-        swap_s = await self.swap_weights(f"step-{train_step}")
+        # An update that did not step (no samples, every advantage 0, a non-finite gradient) left the weights as they
+        # were: the serving copy is already current, so nothing is published (a llama.cpp restart costs seconds).
+        swap_s = await self.swap_weights(f"step-{train_step}", changed=stats.get("stepped", 1.0) != 0.0)
         await self.on_update_thread(release_freed_memory)  # the update's activations, back to the system
         if self.serves_copy:
             stats["weight_sync_s"] = swap_s
@@ -694,13 +696,18 @@ class RLTrainer:
         generation can go on while the update runs."""
         return self.sync_weights is not None or self.publish_weights is not None
 
-    async def swap_weights(self, version: str) -> float:
+    async def swap_weights(self, version: str, *, changed: bool = True) -> float:
         """Publish the policy's weights to the serving model as ``version``; return the seconds it took.
 
         New gateway calls wait at the swap gate meanwhile (when the trainer has one); calls inside the backend
-        finish first (``backend.paused()``). Without ``sync_weights`` only the version changes.
+        finish first (``backend.paused()``). Without ``sync_weights`` only the version changes; so it does when
+        ``changed`` is false (the update left the weights as they were: nothing to publish).
         """
         t0 = time.perf_counter()
+        if not changed:
+            self.backend.set_model_version(version)
+            self.versions.append(version)
+            return time.perf_counter() - t0
         async with contextlib.AsyncExitStack() as stack:
             if self.swap_gate is not None:
                 await stack.enter_async_context(self.swap_gate.swapping())
