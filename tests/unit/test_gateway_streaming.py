@@ -102,7 +102,16 @@ def test_chunks_and_completions_validate_as_openai_types() -> None:
     plain = CallSpec("chat.completions")
     body = completion_body(plain, [choice_output(0, no_ids, plain)], response_id="c", created_s=1, model="m")
     assert "prompt_token_ids" not in body and "token_ids" not in body["choices"][0]
-    assert body["usage"] == {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
+    assert body["usage"] == {
+        "prompt_tokens": 7,
+        "completion_tokens": 2,
+        "total_tokens": 9,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+    cached = GenerationResult([1, 2, 3], [4], [-0.1], "x", "stop", "v", extra={"cached_prompt_tokens": 2})
+    body = completion_body(plain, [choice_output(0, cached, plain)], response_id="c", created_s=1, model="m")
+    usage = ChatCompletion.model_validate(body).usage
+    assert usage and usage.prompt_tokens_details and usage.prompt_tokens_details.cached_tokens == 2
     spec.include_usage = True
     encoder = ChatStreamEncoder(spec, response_id="c", created_s=1, model="m")
     events = [

@@ -499,12 +499,25 @@ def message_body(content: str | None, tool_calls: list[ToolCall]) -> dict[str, A
     return message
 
 
-def usage_body(results: list[GenerationResult]) -> dict[str, int]:
+def cached_prompt_tokens(result: GenerationResult) -> int:
+    """Prompt tokens the backend took from its prefix cache instead of computing them (``extra``'s
+    ``cached_prompt_tokens``: the embedded backend's continuous batch and the token engines report it; 0 otherwise)."""
+    return int(result.extra.get("cached_prompt_tokens") or 0)
+
+
+def usage_body(results: list[GenerationResult]) -> dict[str, Any]:
     """Usage of a request whose choices are ``results``: the prompt counted once, completions summed (as OpenAI
-    counts ``n > 1``)."""
+    counts ``n > 1``); ``prompt_tokens_details.cached_tokens``: prompt tokens served from the prefix cache (OpenAI's
+    automatic prompt caching field, a part of ``prompt_tokens``)."""
     prompt = results[0].num_prompt_tokens if results else 0
     completion = sum(r.num_completion_tokens for r in results)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    cached = min(prompt, cached_prompt_tokens(results[0])) if results else 0
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
 
 
 def logprobs_body(spec: CallSpec, result: GenerationResult) -> dict[str, Any] | None:

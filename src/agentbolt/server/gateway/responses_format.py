@@ -31,7 +31,12 @@ from typing import Any, Final
 
 from agentbolt.inference.base import TOP_LOGPROBS_MAX, GenerationResult
 from agentbolt.server.gateway.calls import CallSpec, ChoiceOutput, OutputFormat, RequestRefused, ToolCall, ToolChoice
-from agentbolt.server.gateway.openai_format import check_tool_choice, number_field, text_of_parts
+from agentbolt.server.gateway.openai_format import (
+    cached_prompt_tokens,
+    check_tool_choice,
+    number_field,
+    text_of_parts,
+)
 
 PROTOCOL: Final = "responses"
 """``CallSpec.protocol`` of a Responses call."""
@@ -765,7 +770,7 @@ def _usage(result: GenerationResult) -> dict[str, Any]:
     prompt, completion = result.num_prompt_tokens, result.num_completion_tokens
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "input_tokens_details": {"cached_tokens": min(prompt, cached_prompt_tokens(result)), "cache_write_tokens": 0},
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt + completion,

@@ -381,10 +381,38 @@ async def serve_call(
     if spec.stream:  # the session keeps the attempt alive while it streams
         return await _serve_stream(recorder, backend, requests, spec, wire, context)
     async with recorder.keepalive():
-        return await _serve_whole(recorder, backend, requests, spec, wire, context)
+        return await _serve_whole(request, recorder, backend, requests, spec, wire, context)
+
+
+DISCONNECT_POLL_S = 0.5
+"""How often (seconds) a non-streamed call checks, while it generates, whether its client is still connected."""
+CLIENT_GONE_CODE = "client_disconnected"
+"""``agentbolt.llm.error_code`` of a non-streamed call whose client left before the answer: never trained (the agent
+did not see it), not an infrastructure failure."""
+
+
+async def _generate_while_connected(
+    request: Request, backend: InferenceBackend, requests: list[GenerationRequest]
+) -> list[GenerationResult | BaseException] | None:
+    """Generate every choice; ``None`` when the client disconnected first (generation is then cancelled, which ends
+    the backend's rows at once)."""
+    task = asyncio.ensure_future(asyncio.gather(*(backend.generate(r) for r in requests), return_exceptions=True))
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return list(task.result())
+            if await request.is_disconnected():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                return None
+    finally:
+        if not task.done():  # this handler was cancelled (server shutdown): the generation goes with it
+            task.cancel()
 
 
 async def _serve_whole(
+    request: Request,
     recorder: CallRecorder,
     backend: InferenceBackend,
     requests: list[GenerationRequest],
@@ -392,9 +420,13 @@ async def _serve_whole(
     wire: Wire,
     context: CallContext,
 ) -> Response:
-    outcomes: list[GenerationResult | BaseException] = list(
-        await asyncio.gather(*(backend.generate(r) for r in requests), return_exceptions=True)
-    )
+    maybe = await _generate_while_connected(request, backend, requests)
+    if maybe is None:  # nobody to answer: the call is recorded as failed, so it is neither trained nor lost
+        gone = ErrorInfo(499, "client_closed_request", "the client disconnected before the answer", CLIENT_GONE_CODE)
+        exc = ConnectionAbortedError(gone.message)
+        await recorder.record([recorder.error_span(index, gone, exc) for index in range(len(requests))])
+        return _error_response(wire, gone)
+    outcomes: list[GenerationResult | BaseException] = maybe
     refused = next((o for o in outcomes if isinstance(o, RequestRefused)), None)
     if refused is not None:  # a field the backend cannot honour: nothing was generated, nothing is recorded
         return _error_response(wire, error_info(refused))
