@@ -102,3 +102,42 @@ def test_serve_refuses_a_sqlite_file_that_does_not_exist_unless_told_to_create_i
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
     assert (default_dir / "agentbolt.db").is_file()
+
+
+def test_stopping_serve_mid_stream_records_the_call_before_the_store_closes(tmp_path: Path, smollm2_dir: Path) -> None:
+    """SIGTERM while a long streamed call generates: the backend is closed first (the row ends at once), so the
+    call's span reaches the SQLite file before the store closes, and the process exits 0."""
+    from agentbolt import semconv
+    from agentbolt.client.sync_store import SyncHttpLightningStore
+    from agentbolt.types import LLM, AttemptStatus
+
+    db = tmp_path / "s.db"
+    proc, url = start_serve(
+        "--store", f"sqlite:///{db}", "--create", "--port", "0", "--backend", "embedded", "--model", str(smollm2_dir)
+    )
+    try:
+        store = SyncHttpLightningStore(url)
+        rollout = store.enqueue_rollout({"q": 1})
+        claimed = store.claim_rollout("w")
+        assert claimed is not None and claimed.rollout.rollout_id == rollout.rollout_id
+        store.update_attempt(rollout.rollout_id, claimed.attempt.attempt_id, AttemptStatus.RUNNING)
+        base = LLM(endpoint=url, model="m").for_attempt(rollout.rollout_id, claimed.attempt.attempt_id).endpoint
+        body = {"messages": [{"role": "user", "content": "Tell me a very long story."}], "max_tokens": 3000}
+        with httpx.stream("POST", f"{base}/chat/completions", json={**body, "stream": True}, timeout=60) as resp:
+            seen = 0
+            for line in resp.iter_lines():
+                seen += line.startswith("data: ")
+                if seen == 3:
+                    proc.send_signal(signal.SIGTERM)
+                    break
+        store.close()
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out
+    assert "Traceback" not in out, out
+    with sqlite3.connect(db) as conn:
+        names = [row[0] for row in conn.execute("SELECT name FROM spans")]
+    assert names.count(semconv.SPAN_LLM_CALL) == 1, (names, out)

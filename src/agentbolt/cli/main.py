@@ -130,6 +130,9 @@ def serve(
                 console.print(f"dashboard: {url}/" + (" (it asks for the token once)" if token else ""))
                 await stop.wait()
                 console.print("agentbolt server stopping")
+                if backend is not None:  # first: running generations end at once (failed), and their calls are
+                    closing, backend = backend, None  # recorded while the server and the store are still up
+                    await closing.close()
         finally:
             await st.close()
             if backend is not None:
