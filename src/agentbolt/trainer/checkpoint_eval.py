@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from agentbolt.errors import ConfigError
+from agentbolt.trainer.progress_bars import JobProgress
 
 if TYPE_CHECKING:
     from agentbolt.trainer.checkpoint import CheckpointInfo
@@ -159,9 +159,7 @@ async def _evaluate(
         )
         evaluator.checkpoint_paths[info.model_version] = str(info.path)
         evaluator.last_train_step = info.step
-        progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
-        )
+        progress = JobProgress(console)
         with progress:
             task_id = progress.add_task(f"eval {info.path.name}", total=n_tasks)
             accuracy = await evaluator.evaluate(

@@ -28,10 +28,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import TextColumn
 
 from agentbolt.adapter.trajectory import describe_success, is_correct
 from agentbolt.errors import ConfigError, NotFoundError
+from agentbolt.trainer.progress_bars import JobProgress
 from agentbolt.types import LLM, PromptTemplate, RolloutMode
 
 if TYPE_CHECKING:
@@ -159,14 +160,7 @@ async def run_eval(
                 f"{run_version.resources_id} (same prompts, llm -> {serving.url} {serving.backend.model_name}, "
                 f'metadata {{"eval_of": "{resources_id}"}}) and evaluating that'
             )
-        progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.fields[score]}"),
-            console=console,
-        )
+        progress = JobProgress(console, TextColumn("{task.fields[score]}"))
         bar = progress.add_task(f"{split} rollouts", total=len(tasks), score="")
 
         evaluator = StoreEvaluator(

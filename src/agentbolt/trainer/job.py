@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from agentbolt.adapter.trajectory import describe_success
@@ -41,6 +40,7 @@ from agentbolt.trainer.job_config import (
     load_tasks_module,
 )
 from agentbolt.trainer.plots import plot_reward_curve
+from agentbolt.trainer.progress_bars import JobProgress
 from agentbolt.trainer.step_report import FailureWatch, NothingToTrain, skipped_update_reason, step_line
 
 if TYPE_CHECKING:
@@ -246,9 +246,7 @@ async def _run_job(
         f"async_rollouts={grpo.async_rollouts} val={ {k: len(v) for k, v in val_sets.items()} } "
         f"success: {describe_success(grpo.accuracy_reward_name, grpo.success_threshold)}"
     )
-    progress = Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
-    )
+    progress = JobProgress(console)
 
     def tracker(description: str, total: int) -> Callable[[int, int], None]:
         task_id = progress.add_task(description, total=total)

@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field
 from rich.console import Console
 from rich.panel import Panel
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.syntax import Syntax
 from rich.table import Table
 
@@ -40,6 +39,7 @@ from agentbolt.algorithms.apo.config import APOConfig, GEPAConfig
 from agentbolt.algorithms.apo.optimizer_llm import OptimizerLLMConfig
 from agentbolt.config import _Config
 from agentbolt.errors import ConfigError
+from agentbolt.trainer.progress_bars import JobProgress
 from agentbolt.types import DEFAULT_UNRESPONSIVE_S, LLM
 
 if TYPE_CHECKING:
@@ -300,9 +300,7 @@ async def _optimize(
         f"train={len(train_tasks)} val={len(val_tasks)} test={len(test_tasks)}"
     )
 
-    progress = Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
-    )
+    progress = JobProgress(console)
     round_bar = progress.add_task("rounds" if config.algorithm == "apo" else "iterations", total=rounds)
     rollout_bar = progress.add_task("rollouts", total=0)
 
