@@ -24,7 +24,7 @@ import pytest
 
 from agentbolt.config import GRPOConfig
 from agentbolt.errors import ConfigError
-from agentbolt.inference.base import GenerationRequest
+from agentbolt.inference.base import GenerationRequest, GenerationResult
 
 pytestmark = pytest.mark.slow
 
@@ -120,6 +120,74 @@ def test_ids_and_logprobs_are_the_engines_and_match_a_torch_forward(
     stopped = results[2][1]
     assert stopped.text == "1, 2, 3" and stopped.stop_sequence == ", 4," and stopped.finish_reason == "stop"
     assert encoder.decode(stopped.response_token_ids) == "1, 2, 3"
+
+
+def test_streaming_sends_text_as_generated_and_records_every_id(
+    llama_cpp: None, smollm2_dir: Path, tmp_path: Path
+) -> None:
+    """``stream``: llama.cpp's streamed ``/completion``, one event per id. The text arrives in pieces that join to the
+    result's text; the ids and logprobs are the engine's (against a float32 torch forward); a stop string's ids are
+    streamed with their probabilities, so they are recorded while the text ends before it; a cancelled stream
+    returns what was generated, ``abort``."""
+    from agentbolt.inference.llamacpp import start_llama_server
+    from agentbolt.inference.token_engines import TokenEngineBackend
+
+    async def collect(
+        backend: TokenEngineBackend, request: GenerationRequest, cancel_after: int | None = None
+    ) -> tuple[list[str], GenerationResult]:
+        stream = await backend.stream(request)
+        pieces: list[str] = []
+        async for piece in stream.text_deltas():
+            pieces.append(piece)
+            if cancel_after is not None and len(pieces) == cancel_after:
+                stream.cancel()
+        return pieces, await stream.result()
+
+    async def scenario() -> list[tuple[list[str], GenerationResult]]:
+        server = await start_llama_server(
+            smollm2_dir, tmp_path / "engine", gguf_cache_dir=tmp_path / "gguf", parallel=2, context_per_slot=1024
+        )
+        backend = await TokenEngineBackend.connect(
+            "llamacpp",
+            server.url,
+            model_dir=smollm2_dir,
+            model_name="smollm2",
+            max_context_tokens=1024,
+            on_close=server.stop,
+        )
+        try:
+            count = [{"role": "user", "content": "Count from 1 to 10, separated by commas."}]
+            story = [{"role": "user", "content": "Tell me a long story about a dragon."}]
+            return [
+                await collect(backend, GenerationRequest(messages=QUESTION, max_tokens=24, temperature=1.0)),
+                await collect(backend, GenerationRequest(messages=count, max_tokens=40, temperature=0, stop=(", 4,",))),
+                await collect(
+                    backend, GenerationRequest(messages=story, max_tokens=200, temperature=0), cancel_after=3
+                ),
+            ]
+        finally:
+            await backend.close()
+
+    (pieces, result), (stop_pieces, stopped), (cut_pieces, cut) = asyncio.run(scenario())
+    assert len(pieces) > 1 and "".join(pieces) == result.text
+    ids = result.response_token_ids
+    n_prompt = len(result.prompt_token_ids)
+    reference = _torch_logprobs(smollm2_dir, result.prompt_token_ids + ids, n_prompt, 1.0)
+    diffs = [abs(a - b) for a, b in zip(result.response_logprobs, reference, strict=True)]
+    assert max(diffs) < 0.15 and sum(diffs) / len(diffs) < 0.05, diffs
+
+    from agentbolt.inference.prompt_encoding import PromptEncoder
+
+    encoder = PromptEncoder.from_model_dir(smollm2_dir)
+    assert stopped.text == "1, 2, 3" and "".join(stop_pieces) == "1, 2, 3"
+    assert stopped.stop_sequence == ", 4," and stopped.finish_reason == "stop"
+    streamed_ids = stopped.response_token_ids
+    assert encoder.decode(streamed_ids).startswith("1, 2, 3, 4")  # the stop string's ids are recorded too
+    assert len(stopped.response_logprobs) == len(streamed_ids)
+
+    assert cut.finish_reason == "abort" and len(cut_pieces) >= 3
+    assert 3 <= len(cut.response_token_ids) < 200
+    assert len(cut.response_logprobs) == len(cut.response_token_ids)
 
 
 def test_one_training_step_is_served_with_the_new_adapter(

@@ -50,3 +50,22 @@ def test_a_call_in_progress_keeps_its_attempt_alive_past_the_lease(tmp_path: Pat
     kept_status, idle_status = asyncio.run(main())
     assert kept_status is AttemptStatus.PREPARING  # alive: the keepalive beat for it
     assert idle_status is AttemptStatus.UNRESPONSIVE  # the same lease, no call in progress: it expired
+
+
+def test_a_result_that_says_why_it_is_not_trainable_is_recorded_with_that_reason() -> None:
+    """``extra["not_trainable_reason"]`` (a token engine that lost a logprob) is the span's reason; without it an
+    untrainable result gets the no-token-ids reason."""
+    from agentbolt import semconv
+    from agentbolt.inference.base import GenerationResult
+    from agentbolt.server.gateway.recording import REASON_NO_TOKEN_IDS
+    from agentbolt.store.memory import InMemoryLightningStore
+
+    recorder = CallRecorder(InMemoryLightningStore(), "ro-1", "at-1", {}, "chatcmpl-test")
+    why = "llama.cpp gave no probability for 1 of 4 generated ids"
+    lost = GenerationResult([1], [], [], "x", "stop", "v", extra={"not_trainable_reason": why}, trainable=False)
+    span = recorder.result_span(0, lost, {"role": "assistant", "content": "x"}, "stop")
+    assert span.attributes[semconv.LLM_TRAINABLE] is False
+    assert span.attributes[semconv.LLM_NOT_TRAINABLE_REASON] == why
+    plain = GenerationResult([], [], [], "x", "stop", "v", trainable=False)
+    span = recorder.result_span(0, plain, {"role": "assistant", "content": "x"}, "stop")
+    assert span.attributes[semconv.LLM_NOT_TRAINABLE_REASON] == REASON_NO_TOKEN_IDS

@@ -823,6 +823,43 @@ def test_llamacpp_stop_word_cuts_the_ids_to_the_probabilities(encoder: PromptEnc
     ]
 
 
+def test_llamacpp_an_id_without_a_probability_is_served_but_not_trained(encoder: PromptEncoder) -> None:
+    """llama.cpp gives no probability for an id after which the text ends inside a UTF-8 character (its
+    ``process_token`` skips it, llama.cpp server source): the answer is served whole, recorded without ids and
+    logprobs, untrainable, with the reason; the probabilities of the other ids are still matched by id."""
+    hello, world = 19556, 905  # SmolLM2: "Hello", " world"
+    first_byte, second_byte = 163, 251  # two byte-level ids of one character (made up for the shape)
+    body = {
+        "content": "Hello world",
+        "tokens": [hello, first_byte, second_byte, world],
+        "completion_probabilities": [
+            {"id": hello, "logprob": -0.5},
+            {"id": second_byte, "logprob": -0.25},
+            {"id": world, "logprob": -1.0},
+        ],
+        "stop_type": "limit",
+        "tokens_predicted": 4,
+    }
+    parsed = LlamaCppProtocol().parse(body, "llama")
+    assert parsed.ids == [hello, first_byte, second_byte, world]
+    assert parsed.logprobs[0] == -0.5 and math.isnan(parsed.logprobs[1]) and parsed.logprobs[2:] == [-0.25, -1.0]
+    assert parsed.unscored is not None and "1 of 4 generated ids" in parsed.unscored
+
+    result = run_one(
+        backend_for("llamacpp", encoder, Engine({"/completion": answer(json_body=body)})),
+        GenerationRequest(messages=QUESTION, max_tokens=4, logprobs=True),
+    )
+    assert not result.trainable and result.response_token_ids == [] and result.response_logprobs == []
+    assert result.num_completion_tokens == 4 and result.finish_reason == "length" and result.token_logprobs is None
+    assert "no probability for 1 of 4 generated ids" in result.extra["not_trainable_reason"]
+
+    # Streamed, llama.cpp never sends such an id: fewer ids than tokens_predicted is caught the same way.
+    streamed = {**body, "tokens": [hello, second_byte, world], "stream": True}
+    assert "streamed 3 of its 4 generated ids" in (LlamaCppProtocol().parse(streamed, "llama").unscored or "")
+    with pytest.raises(UpstreamError, match="do not match"):
+        LlamaCppProtocol().parse({**body, "tokens": [world, hello]}, "llama")
+
+
 # ---------------------------------------------------------------------------- paused() and stats
 
 

@@ -161,8 +161,9 @@ class GenerationResult:
         extra: backend-specific facts (batch size, queue wait...), recorded nowhere by the gateway.
         tool_calls: OpenAI ``tool_calls`` already parsed by a remote server (vLLM with a tool parser, an OpenAI
             endpoint); ``None`` means the gateway parses them out of ``text``.
-        trainable: False when the ids are not the exact ones the model saw and produced (``openai`` backend): the
-            call is recorded for prompt optimization and evaluation but never becomes a training sample.
+        trainable: False when the ids are not the exact ones the model saw and produced (``openai`` backend), or a
+            logprob is missing: the call is recorded for prompt optimization and evaluation but never becomes a
+            training sample (``extra["not_trainable_reason"]`` says why, when it is not the missing ids).
         prompt_tokens / completion_tokens: token counts reported by a backend that has no ids; ``None`` means
             ``len`` of the ids (see :attr:`num_prompt_tokens`, :attr:`num_completion_tokens`).
         stop_sequence: the stop string that ended generation (``finish_reason`` is then ``stop``), else ``None``.

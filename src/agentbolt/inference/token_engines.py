@@ -60,9 +60,11 @@ import httpx
 from agentbolt.errors import BackendError, ConfigError
 from agentbolt.inference.base import (
     ContextLengthExceededError,
+    FinishedStream,
     FinishReason,
     GenerationRequest,
     GenerationResult,
+    GenerationStream,
     RequestRefused,
     ThroughputStats,
     UpstreamError,
@@ -89,6 +91,8 @@ class EngineAnswer:
         finish_reason: ``stop`` or ``length`` (``abort`` when the engine says so).
         cached_prompt_tokens: prompt tokens the engine reused from its cache (0 when it does not say).
         stop_word: the stop string the engine stopped on, when its ids end before it (llama.cpp).
+        unscored: why some ids have no logprob (their ``logprobs`` entries are NaN), else ``None``: the answer is
+            served but not trained.
     """
 
     ids: list[int]
@@ -97,6 +101,7 @@ class EngineAnswer:
     finish_reason: FinishReason = "stop"
     cached_prompt_tokens: int = 0
     stop_word: str | None = None
+    unscored: str | None = None
 
 
 def _refuse_unforwarded(request: GenerationRequest, engine: str, output_format_ok: bool) -> None:
@@ -193,9 +198,20 @@ class LlamaCppProtocol:
                 f"{where} returned no token ids or no completion_probabilities although asked for them "
                 "(return_tokens, n_probs): it must be llama.cpp's llama-server from 2025 or later"
             )
+        generated = [int(t) for t in ids]
+        # Each probability entry names its id. llama.cpp gives none for an id after which the text ends inside a
+        # UTF-8 character (the next id completes it), nor (not streamed) for the ids of a stop string: the entries
+        # are matched to the ids in order, and an id without one gets NaN.
         logprobs: list[float] = []
         top: list[list[tuple[int | str, float]]] = []
-        for entry in probs:
+        j = 0
+        for token in generated:
+            entry = probs[j] if j < len(probs) else None
+            if not isinstance(entry, dict) or int(entry.get("id", token)) != token:
+                logprobs.append(math.nan)
+                top.append([])
+                continue
+            j += 1
             if "logprob" in entry:
                 logprobs.append(float(entry["logprob"]))
                 alternatives: list[tuple[int | str, float]] = [
@@ -205,16 +221,35 @@ class LlamaCppProtocol:
                 logprobs.append(_log(entry.get("prob")))
                 alternatives = [(int(a["id"]), _log(a.get("prob"))) for a in entry.get("top_probs") or []]
             top.append(alternatives)
+        if j < len(probs):
+            raise UpstreamError(
+                f"{where} returned {len(probs)} probabilities that do not match its {len(generated)} token ids"
+            )
         stop_type = body.get("stop_type")
         finish: FinishReason = "length" if stop_type == "limit" else "stop"
-        generated = [int(t) for t in ids]
-        if stop_type == "word" and len(logprobs) < len(generated):
-            # llama.cpp returns every generated id but probabilities only for the text before the stop string: the
-            # ids without a logprob (the stop string's) are not recorded (the answer's text ends before it anyway)
-            generated = generated[: len(logprobs)]
-            stop_word = str(body.get("stopping_word") or "") or None
-        else:
-            stop_word = None
+        stop_word = None
+        if stop_type == "word":
+            # Not streamed, llama.cpp gives no probabilities for the stop string's ids: they are not recorded (the
+            # answer's text ends before it anyway).
+            kept = len(logprobs)
+            while kept > 0 and math.isnan(logprobs[kept - 1]):
+                kept -= 1
+            if kept < len(generated):
+                generated, logprobs, top = generated[:kept], logprobs[:kept], top[:kept]
+                stop_word = str(body.get("stopping_word") or "") or None
+        missing = sum(math.isnan(value) for value in logprobs)
+        predicted = body.get("tokens_predicted")
+        unscored = None
+        if missing:
+            unscored = (
+                f"llama.cpp gave no probability for {missing} of {len(generated)} generated ids (an id that ends "
+                "inside a UTF-8 character): served, not trained"
+            )
+        elif body.get("stream") and isinstance(predicted, int) and predicted > len(generated) and stop_type != "word":
+            unscored = (
+                f"llama.cpp streamed {len(generated)} of its {predicted} generated ids (it does not stream an id that "
+                "ends inside a UTF-8 character): served, not trained"
+            )
         return EngineAnswer(
             ids=generated,
             logprobs=logprobs,
@@ -222,6 +257,7 @@ class LlamaCppProtocol:
             finish_reason=finish,
             cached_prompt_tokens=int(body.get("tokens_cached") or 0),
             stop_word=stop_word,
+            unscored=unscored,
         )
 
 
@@ -654,6 +690,49 @@ class TokenEngineBackend:
             BackendError: the engine cannot be reached or the backend is closed.
             UpstreamError: the engine answered with an error, or without ids/logprobs.
         """
+        ids = await self._admit(request)
+        try:
+            body = self.protocol.payload(ids, request, self.adapter)
+            version = self.model_version
+            response = await self._post(self.protocol.path, body)
+            answer_body = self._json(response)
+            answer = self.protocol.parse(answer_body, self.where)
+        finally:
+            self._leave()
+        return self._finish(request, ids, answer, version)
+
+    async def stream(self, request: GenerationRequest) -> GenerationStream:
+        """Start one completion and stream its text as the engine sends it: llama.cpp streams (``stream: true``,
+        one chunk per token with its id and probabilities); vLLM and SGLang answer whole (the text arrives at the
+        end, :class:`~agentbolt.inference.base.FinishedStream`). Returns once the engine accepted the request.
+
+        Raises:
+            What :meth:`generate` raises, before anything is generated.
+        """
+        if self.protocol.kind != "llamacpp":
+            return FinishedStream(await self.generate(request))
+        ids = await self._admit(request)
+        try:
+            body = {**self.protocol.payload(ids, request, self.adapter), "stream": True}
+            version = self.model_version
+            try:
+                response = await self._client.send(
+                    self._client.build_request("POST", self.protocol.path, json=body), stream=True
+                )
+            except httpx.HTTPError as exc:
+                raise BackendError(f"{self.where}: POST {self.protocol.path} failed: {exc!r}") from exc
+            if response.status_code >= 400:
+                await response.aread()
+                await response.aclose()
+                self._json(response)  # raises the error it names
+        except BaseException:
+            self._leave()
+            raise
+        return _LlamaCppStream(self, request, ids, response, version)
+
+    async def _admit(self, request: GenerationRequest) -> list[int]:
+        """Check the request, wait while the engine is paused and count it in flight; return the prompt ids. The
+        caller must call :meth:`_leave` once the engine has answered."""
         if self._closed:
             raise BackendError(f"the {self.protocol.kind} backend is closed")
         check_sampling(request)
@@ -667,14 +746,11 @@ class TokenEngineBackend:
         while not self._open.is_set():  # a pause that began while this one waited holds it again
             await self._open.wait()
         self._enter()
-        try:
-            body = self.protocol.payload(ids, request, self.adapter)
-            version = self.model_version
-            response = await self._post(self.protocol.path, body)
-            answer_body = self._json(response)
-            answer = self.protocol.parse(answer_body, self.where)
-        finally:
-            self._leave()
+        return ids
+
+    def _finish(
+        self, request: GenerationRequest, ids: list[int], answer: EngineAnswer, version: str
+    ) -> GenerationResult:
         if len(answer.logprobs) != len(answer.ids):
             raise UpstreamError(
                 f"{self.where} returned {len(answer.logprobs)} logprobs for {len(answer.ids)} token ids; they must "
@@ -713,7 +789,7 @@ class TokenEngineBackend:
         elif request.stop or request.stop_inclusive:
             text, stop_sequence = cut_at_stop(text, request.stop, request.stop_inclusive)
         token_logprobs = None
-        if request.logprobs:
+        if request.logprobs and answer.unscored is None:
             token_logprobs = self.encoder.token_logprobs(answer.ids, answer.logprobs)
             for entry, alternatives in zip(token_logprobs, answer.top, strict=False):
                 entry["top_logprobs"] = [
@@ -724,6 +800,21 @@ class TokenEngineBackend:
                 ]
             if stop_sequence is not None:
                 token_logprobs = entries_within(token_logprobs, len(text))
+        extra: dict[str, Any] = {"engine": self.protocol.kind, "cached_prompt_tokens": answer.cached_prompt_tokens}
+        if answer.unscored is not None:  # served whole, recorded without logprobs, never trained
+            extra["not_trainable_reason"] = answer.unscored
+            return GenerationResult(
+                prompt_token_ids=prompt_ids,
+                response_token_ids=[],
+                response_logprobs=[],
+                text=text,
+                finish_reason=answer.finish_reason,
+                model_version=version,
+                extra=extra,
+                trainable=False,
+                completion_tokens=len(answer.ids),
+                stop_sequence=stop_sequence,
+            )
         if answer.finish_reason != "abort" and request.prompt is None:
             self.encoder.remember(prompt_ids, answer.ids)
         return GenerationResult(
@@ -733,7 +824,7 @@ class TokenEngineBackend:
             text=text,
             finish_reason=answer.finish_reason,
             model_version=version,
-            extra={"engine": self.protocol.kind, "cached_prompt_tokens": answer.cached_prompt_tokens},
+            extra=extra,
             stop_sequence=stop_sequence,
             token_logprobs=token_logprobs,
         )
@@ -758,3 +849,98 @@ class TokenEngineBackend:
         await self._client.aclose()
         if self._on_close is not None:
             await self._on_close()
+
+
+class _LlamaCppStream:
+    """A :class:`~agentbolt.inference.base.GenerationStream` over llama.cpp's streamed ``/completion``: the server
+    sends one server-sent event per generated token (``content``: the text it releases, held back while it could be
+    the start of a stop string; ``tokens``: the id; ``completion_probabilities``), then a last one with ``stop: true``
+    (``stop_type``, ``tokens_cached``). The ids and probabilities of every event make the same answer a whole request
+    gets, read by :meth:`LlamaCppProtocol.parse`; every streamed id has its probability, the stop string's too, so
+    they are all recorded (the text still ends before the stop string)."""
+
+    def __init__(
+        self,
+        backend: TokenEngineBackend,
+        request: GenerationRequest,
+        prompt_ids: list[int],
+        response: httpx.Response,
+        version: str,
+    ) -> None:
+        self._backend = backend
+        self._request = request
+        self._prompt_ids = prompt_ids
+        self._response = response
+        self._version = version
+        self._tokens: list[Any] = []
+        self._probs: list[Any] = []
+        self._final: dict[str, Any] | None = None
+        self._deltas: asyncio.Queue[str | None] = asyncio.Queue()
+        self._task = asyncio.ensure_future(self._read())
+
+    async def _read(self) -> None:
+        where = self._backend.where
+        try:
+            async for line in self._response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                try:
+                    chunk = json.loads(line[len("data: ") :])
+                except ValueError as exc:
+                    raise UpstreamError(f"{where} streamed an event that is not JSON: {line[:200]!r}") from exc
+                if not isinstance(chunk, dict):
+                    raise UpstreamError(f"{where} streamed an event that is not a JSON object: {line[:200]!r}")
+                if "error" in chunk:
+                    raise UpstreamError(f"{where} failed while streaming: {json.dumps(chunk['error'])[:500]}")
+                self._tokens.extend(chunk.get("tokens") or [])
+                self._probs.extend(chunk.get("completion_probabilities") or [])
+                if chunk.get("content"):
+                    self._deltas.put_nowait(str(chunk["content"]))
+                if chunk.get("stop"):
+                    self._final = chunk
+                    break
+            if self._final is None:
+                raise UpstreamError(f"{where} ended the stream before its last event (stop: true)")
+        except httpx.HTTPError as exc:
+            raise BackendError(f"{where}: the stream broke off: {exc!r}") from exc
+        finally:
+            self._deltas.put_nowait(None)
+            await self._response.aclose()
+            self._backend._leave()
+
+    async def text_deltas(self) -> AsyncIterator[str]:
+        """The text as the server releases it.
+
+        Raises:
+            BackendError / UpstreamError: the stream broke off, or the server reported an error.
+        """
+        while (delta := await self._deltas.get()) is not None:
+            yield delta
+        if self._task.done() and not self._task.cancelled() and self._task.exception() is not None:
+            raise self._task.exception()  # type: ignore[misc]
+
+    async def result(self) -> GenerationResult:
+        """The whole result (after :meth:`cancel`: what was streamed until then, ``finish_reason`` ``abort``).
+
+        Raises:
+            BackendError / UpstreamError: as :meth:`text_deltas`; a mismatch of ids and probabilities.
+        """
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({self._task})
+        if not self._task.cancelled() and self._task.exception() is not None:
+            raise self._task.exception()  # type: ignore[misc]
+        protocol = self._backend.protocol
+        if self._final is None:  # cancelled: the ids that came with their probabilities
+            n = min(len(self._tokens), len(self._probs))
+            body = {"tokens": self._tokens[:n], "completion_probabilities": self._probs[:n]}
+            answer = protocol.parse(body, self._backend.where)
+            answer.finish_reason = "abort"
+        else:
+            body = {**self._final, "tokens": self._tokens, "completion_probabilities": self._probs, "stream": True}
+            answer = protocol.parse(body, self._backend.where)
+        return self._backend._finish(self._request, self._prompt_ids, answer, self._version)
+
+    def cancel(self) -> None:
+        """Stop reading and close the connection (llama.cpp then stops generating for it)."""
+        if not self._task.done():
+            self._task.cancel()

@@ -149,7 +149,8 @@ class CallRecorder:
             attributes[semconv.LLM_CLIENT_DISCONNECTED] = True
             not_trainable_reason = not_trainable_reason or REASON_CLIENT_GONE
         if not result.trainable:
-            not_trainable_reason = not_trainable_reason or REASON_NO_TOKEN_IDS
+            why = result.extra.get("not_trainable_reason")
+            not_trainable_reason = not_trainable_reason or (str(why) if why else REASON_NO_TOKEN_IDS)
         attributes[semconv.LLM_TRAINABLE] = not_trainable_reason is None
         if not_trainable_reason is not None:
             attributes[semconv.LLM_NOT_TRAINABLE_REASON] = not_trainable_reason
