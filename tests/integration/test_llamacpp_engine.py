@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,24 +64,32 @@ def _torch_logprobs(
     return torch.log_softmax(logits[n_prompt - 1 : -1] / temperature, -1).gather(1, chosen)[:, 0].tolist()
 
 
-def test_ids_and_logprobs_are_the_engines_and_match_a_torch_forward(
-    llama_cpp: None, smollm2_dir: Path, tmp_path: Path
-) -> None:
+async def _serve(model_dir: Path, tmp_path: Path) -> tuple[Any, Any]:
+    """A ``llama-server`` with two slots of 1024 tokens and the token engine backend on it (closing the backend
+    stops the server)."""
     from agentbolt.inference.llamacpp import start_llama_server
     from agentbolt.inference.token_engines import TokenEngineBackend
 
+    server = await start_llama_server(
+        model_dir, tmp_path / "engine", gguf_cache_dir=tmp_path / "gguf", parallel=2, context_per_slot=1024
+    )
+    backend = await TokenEngineBackend.connect(
+        "llamacpp",
+        server.url,
+        model_dir=model_dir,
+        model_name="smollm2",
+        max_context_tokens=1024,
+        on_close=server.stop,
+    )
+    return server, backend
+
+
+def test_ids_and_logprobs_are_the_engines_and_match_a_torch_forward(
+    llama_cpp: None, smollm2_dir: Path, tmp_path: Path
+) -> None:
+
     async def scenario() -> list[tuple[float, object]]:
-        server = await start_llama_server(
-            smollm2_dir, tmp_path / "engine", gguf_cache_dir=tmp_path / "gguf", parallel=2, context_per_slot=1024
-        )
-        backend = await TokenEngineBackend.connect(
-            "llamacpp",
-            server.url,
-            model_dir=smollm2_dir,
-            model_name="smollm2",
-            max_context_tokens=1024,
-            on_close=server.stop,
-        )
+        server, backend = await _serve(smollm2_dir, tmp_path)
         try:
             out: list[tuple[float, object]] = []
             for temperature in (1.0, 0.7):
@@ -129,7 +138,6 @@ def test_streaming_sends_text_as_generated_and_records_every_id(
     result's text; the ids and logprobs are the engine's (against a float32 torch forward); a stop string's ids are
     streamed with their probabilities, so they are recorded while the text ends before it; a cancelled stream
     returns what was generated, ``abort``."""
-    from agentbolt.inference.llamacpp import start_llama_server
     from agentbolt.inference.token_engines import TokenEngineBackend
 
     async def collect(
@@ -144,17 +152,7 @@ def test_streaming_sends_text_as_generated_and_records_every_id(
         return pieces, await stream.result()
 
     async def scenario() -> list[tuple[list[str], GenerationResult]]:
-        server = await start_llama_server(
-            smollm2_dir, tmp_path / "engine", gguf_cache_dir=tmp_path / "gguf", parallel=2, context_per_slot=1024
-        )
-        backend = await TokenEngineBackend.connect(
-            "llamacpp",
-            server.url,
-            model_dir=smollm2_dir,
-            model_name="smollm2",
-            max_context_tokens=1024,
-            on_close=server.stop,
-        )
+        server, backend = await _serve(smollm2_dir, tmp_path)
         try:
             count = [{"role": "user", "content": "Count from 1 to 10, separated by commas."}]
             story = [{"role": "user", "content": "Tell me a long story about a dragon."}]
