@@ -50,9 +50,10 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Literal
 
 import httpx
@@ -445,9 +446,12 @@ class TokenEngineBackend:
         adapter: the LoRA adapter name requests use (``None``: the base weights).
     """
 
+    refused_request_values: Mapping[str, str] = MappingProxyType({"tool_choice": "`required` / a named function"})
+    """Fields whose other values are served: field -> the values refused with a 400."""
+
     refused_request_fields: frozenset[str] = frozenset()
-    """:class:`GenerationRequest` fields refused whatever their value (none; some values are refused, see the
-    module docstring)."""
+    """:class:`GenerationRequest` fields refused whatever their value (none; some values are, see
+    :attr:`refused_request_values`; docs/gateway_conformance.md)."""
 
     def __init__(
         self,

@@ -45,19 +45,38 @@ REQUEST_FIELD_OF: dict[str, str] = {
 (fields not listed are handled by the gateway itself: messages, sampling rules, recording)."""
 
 
+BACKENDS = ("embedded", "vllm", "openai", "engines")
+"""The table's columns: ``agentbolt serve``'s backends, and the token-in/token-out engines of a job's
+``inference.engine`` (llama.cpp, vLLM, SGLang: :mod:`agentbolt.inference.token_engines`)."""
+
+
 def backend_refusals() -> dict[str, frozenset[str]]:
     """Backend name -> the request fields it cannot pass on."""
     from agentbolt.inference.openai_compat import OpenAICompatBackend
+    from agentbolt.inference.token_engines import TokenEngineBackend
     from agentbolt.inference.vllm import VLLMBackend
 
     return {
         "embedded": frozenset(),
         "vllm": VLLMBackend.refused_request_fields,
         "openai": OpenAICompatBackend.refused_request_fields,
+        "engines": TokenEngineBackend.refused_request_fields,
     }
 
 
-_HOW = {"embedded": "in this process", "vllm": "forwarded to vLLM", "openai": "forwarded to the API"}
+def backend_partial_refusals() -> dict[str, Mapping[str, str]]:
+    """Backend name -> request field -> which of its values the backend refuses (the others it honours)."""
+    from agentbolt.inference.token_engines import TokenEngineBackend
+
+    return {"engines": TokenEngineBackend.refused_request_values}
+
+
+_HOW = {
+    "embedded": "in this process",
+    "vllm": "forwarded to vLLM",
+    "openai": "forwarded to the API",
+    "engines": "sent to the engine",
+}
 
 
 def _first_clause(what: str) -> str:
@@ -70,16 +89,27 @@ def _first_clause(what: str) -> str:
     return what[:cut].strip()
 
 
-def _cell(field: str, what: str, backend: str, refused: frozenset[str], *, tokenizes: bool = False) -> str:
+def _cell(
+    field: str,
+    what: str,
+    backend: str,
+    refused: frozenset[str],
+    *,
+    tokenizes: bool = False,
+    partly: Mapping[str, str] | None = None,
+) -> str:
     clause = _first_clause(what)
     if clause == "refused":
         return "refused (400)"
-    if tokenizes and backend != "embedded":
+    if tokenizes and backend not in ("embedded", "engines"):  # the token engines tokenize here, as embedded does
         return "refused (400)"
     request_field = REQUEST_FIELD_OF.get(field)
     if request_field is not None and request_field in refused:
         return "refused (400)"
     if clause == "honoured" and request_field is not None:
+        values = (partly or {}).get(request_field)
+        if values:
+            return f"honoured ({_HOW[backend]}) but {values}: refused (400)"
         return f"honoured ({_HOW[backend]})"
     return clause
 
@@ -91,6 +121,7 @@ def _escape(text: str) -> str:
 def conformance_markdown() -> str:
     """The table as Markdown (stable text, final newline)."""
     refusals = backend_refusals()
+    partial = backend_partial_refusals()
     lines = [
         "# Gateway conformance",
         "",
@@ -105,6 +136,10 @@ def conformance_markdown() -> str:
         "- **refused (400)**: answered with a 400 in the protocol's error shape whose `param` names the field, before",
         "  anything is generated or recorded. A key the real API does not have is refused the same way.",
         "",
+        "Columns: `embedded`, `vllm` and `openai` are the backends of `agentbolt serve --backend`; `engines` are the",
+        "token-in/token-out engines a train or eval job serves through (`inference.engine: llamacpp | vllm | sglang`:",
+        "the gateway renders the prompt to ids itself, so counting tokens works there too).",
+        "",
         "In the rollouts of a train or eval job, the job's version sets temperature, top_p and the token budget, and",
         "drops penalties and logit bias (the trainer's logprobs assume the plain tempered distribution); what the",
         "agent asked for is recorded as `agentbolt.llm.sampling_requested`.",
@@ -113,13 +148,20 @@ def conformance_markdown() -> str:
     for protocol, (route, fields) in PROTOCOLS.items():
         lines += [f"## {protocol}: `{route}`", ""]
         if protocol == "Anthropic count_tokens":
-            lines += ["Counting tokens needs the served model's tokenizer: the embedded backend only.", ""]
-        lines += ["| field | embedded | vllm | openai | what the gateway does |", "|---|---|---|---|---|"]
+            lines += ["Counting tokens needs the served model's tokenizer: the embedded backend and the engines.", ""]
+        lines += [f"| field | {' | '.join(BACKENDS)} | what the gateway does |", "|---|---|---|---|---|---|"]
         for field in sorted(fields):
             what = fields[field]
             cells = [
-                _cell(field, what, backend, refusals[backend], tokenizes=protocol == "Anthropic count_tokens")
-                for backend in ("embedded", "vllm", "openai")
+                _cell(
+                    field,
+                    what,
+                    backend,
+                    refusals[backend],
+                    tokenizes=protocol == "Anthropic count_tokens",
+                    partly=partial.get(backend),
+                )
+                for backend in BACKENDS
             ]
             lines.append(f"| `{field}` | {' | '.join(cells)} | {_escape(what)} |")
         lines.append("")

@@ -647,7 +647,7 @@ async def count_tokens(
     rollout_id: str, attempt_id: str, request: Request, body: dict[str, Any] = Body(description=_BODY_DOC)
 ) -> Response:
     """Anthropic ``count_tokens``: ``{"input_tokens": N}``, the prompt's length as the served model's chat template
-    renders it. Needs a backend that tokenizes (embedded); others answer 400."""
+    renders it. Needs a backend that tokenizes (embedded, a token engine); others answer 400."""
     backend: InferenceBackend | None = request.app.state.backend
     if backend is None:
         return _error_response(MESSAGES, ErrorInfo(503, "api_error", NO_BACKEND_MESSAGE, "no_backend"))
@@ -656,7 +656,7 @@ async def count_tokens(
         spec = anthropic_format.count_tokens_call(body)
         encode = getattr(backend, "encode_prompt", None)
         if encode is None:
-            raise RequestRefused("count_tokens needs a backend that tokenizes the prompt (the embedded one)")
+            raise RequestRefused("count_tokens needs a backend that tokenizes the prompt (embedded, or a token engine)")
         ids = encode(spec.messages, spec.tools, spec.chat_template_kwargs)
     except AgentboltError as exc:
         return _error_response(MESSAGES, error_info(exc))
