@@ -860,6 +860,61 @@ def test_llamacpp_an_id_without_a_probability_is_served_but_not_trained(encoder:
         LlamaCppProtocol().parse({**body, "tokens": [world, hello]}, "llama")
 
 
+def test_llamacpp_stream_errors_are_named_and_the_engine_is_released(encoder: PromptEncoder) -> None:
+    """Server-sent events in llama.cpp's streamed ``/completion`` shape: an ``error`` event midway and a stream that
+    ends without its ``stop: true`` event both raise UpstreamError from the text and the result, after the pieces
+    that came; the request no longer counts as in flight (a pause does not wait for it)."""
+    hello, world = 19556, 905  # SmolLM2: "Hello", " world"
+
+    def events(*chunks: dict[str, Any]) -> Handler:
+        text = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks)
+
+        async def handler(request: httpx.Request) -> httpx.Response:
+            assert json.loads(request.content)["stream"] is True
+            return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
+
+        return handler
+
+    first = {"content": "Hello", "tokens": [hello], "completion_probabilities": [{"id": hello, "logprob": -0.5}]}
+    second = {"content": " world", "tokens": [world], "completion_probabilities": [{"id": world, "logprob": -1.0}]}
+    last = {"content": "", "tokens": [], "stop": True, "stop_type": "limit", "tokens_predicted": 2, "tokens_cached": 7}
+
+    async def run(handler: Handler) -> tuple[list[str], GenerationResult | BaseException, BaseException | None, int]:
+        backend = backend_for("llamacpp", encoder, Engine({"/completion": handler}))
+        pieces: list[str] = []
+        stream = await backend.stream(GenerationRequest(messages=QUESTION, max_tokens=2))
+        failed = None
+        try:
+            async for piece in stream.text_deltas():
+                pieces.append(piece)
+        except UpstreamError as exc:
+            failed = exc
+        try:
+            outcome: GenerationResult | BaseException = await stream.result()
+        except UpstreamError as exc:
+            outcome = exc
+        in_flight = backend._in_flight
+        await backend.close()
+        return pieces, outcome, failed, in_flight
+
+    pieces, result, failed, in_flight = asyncio.run(run(events(first, second, last)))
+    assert pieces == ["Hello", " world"] and failed is None and in_flight == 0
+    assert isinstance(result, GenerationResult)
+    assert result.response_token_ids == [hello, world] and result.response_logprobs == [-0.5, -1.0]
+    assert result.text == "Hello world" and result.finish_reason == "length"
+    assert result.extra["cached_prompt_tokens"] == 7
+
+    broken = events(first, {"error": {"code": 500, "message": "slot failed", "type": "server_error"}})
+    pieces, outcome, failed, in_flight = asyncio.run(run(broken))
+    assert pieces == ["Hello"] and in_flight == 0
+    assert isinstance(failed, UpstreamError) and "slot failed" in str(failed)
+    assert isinstance(outcome, UpstreamError)
+
+    pieces, outcome, failed, in_flight = asyncio.run(run(events(first, second)))
+    assert pieces == ["Hello", " world"] and in_flight == 0
+    assert isinstance(failed, UpstreamError) and "before its last event" in str(failed)
+
+
 # ---------------------------------------------------------------------------- paused() and stats
 
 

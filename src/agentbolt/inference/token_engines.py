@@ -920,7 +920,8 @@ class _LlamaCppStream:
         """
         while (delta := await self._deltas.get()) is not None:
             yield delta
-        if self._task.done() and not self._task.cancelled() and self._task.exception() is not None:
+        await asyncio.wait({self._task})  # the reader has put its end marker; let it finish closing
+        if not self._task.cancelled() and self._task.exception() is not None:
             raise self._task.exception()  # type: ignore[misc]
 
     async def result(self) -> GenerationResult:
