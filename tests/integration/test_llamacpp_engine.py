@@ -113,6 +113,8 @@ def test_ids_and_logprobs_are_the_engines_and_match_a_torch_forward(
     from agentbolt.inference.prompt_encoding import PromptEncoder
 
     encoder = PromptEncoder.from_model_dir(smollm2_dir)
+    # a fresh server reused nothing for its first prompt (llama.cpp's timings.cache_n, not its slot size)
+    assert results[0][1].extra["cached_prompt_tokens"] == 0  # type: ignore[attr-defined]
     for temperature, result in results[:2]:
         assert result.prompt_token_ids == encoder.encode_prompt(QUESTION)  # the ids we rendered are the ids it ran
         ids = result.response_token_ids

@@ -752,7 +752,8 @@ def test_llamacpp_parse_reads_probs_and_logprobs() -> None:
             {"id": 12, "prob": 0.0},
         ],
         "stop_type": "limit",
-        "tokens_cached": 9,
+        "tokens_cached": 40,  # the slot's size after the answer: not a reuse count
+        "timings": {"cache_n": 9, "prompt_n": 3},
     }
     parsed = protocol.parse(post_sampling, "llama")
     assert parsed.ids == [10, 11, 12]
@@ -791,7 +792,7 @@ def test_llamacpp_stop_word_cuts_the_ids_to_the_probabilities(encoder: PromptEnc
         "completion_probabilities": [{"id": hello, "prob": 0.5}, {"id": world, "prob": 0.25}],
         "stop_type": "word",
         "stopping_word": "END",
-        "tokens_cached": 30,
+        "timings": {"cache_n": 30},
     }
     engine = Engine({"/completion": answer(json_body=body)})
 
@@ -877,7 +878,8 @@ def test_llamacpp_stream_errors_are_named_and_the_engine_is_released(encoder: Pr
 
     first = {"content": "Hello", "tokens": [hello], "completion_probabilities": [{"id": hello, "logprob": -0.5}]}
     second = {"content": " world", "tokens": [world], "completion_probabilities": [{"id": world, "logprob": -1.0}]}
-    last = {"content": "", "tokens": [], "stop": True, "stop_type": "limit", "tokens_predicted": 2, "tokens_cached": 7}
+    last = {"content": "", "tokens": [], "stop": True, "stop_type": "limit", "tokens_predicted": 2}
+    last["timings"] = {"cache_n": 7, "prompt_n": 23}
 
     async def run(handler: Handler) -> tuple[list[str], GenerationResult | BaseException, BaseException | None, int]:
         backend = backend_for("llamacpp", encoder, Engine({"/completion": handler}))

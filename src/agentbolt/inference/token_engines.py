@@ -256,7 +256,9 @@ class LlamaCppProtocol:
             logprobs=logprobs,
             top=top,
             finish_reason=finish,
-            cached_prompt_tokens=int(body.get("tokens_cached") or 0),
+            # timings.cache_n: prompt ids the slot reused (llama.cpp server_slot_stats); tokens_cached is the slot's
+            # whole content after the answer, not a reuse count
+            cached_prompt_tokens=int((body.get("timings") or {}).get("cache_n") or 0),
             stop_word=stop_word,
             unscored=unscored,
         )
@@ -859,7 +861,7 @@ class _LlamaCppStream:
     """A :class:`~agentbolt.inference.base.GenerationStream` over llama.cpp's streamed ``/completion``: the server
     sends one server-sent event per generated token (``content``: the text it releases, held back while it could be
     the start of a stop string; ``tokens``: the id; ``completion_probabilities``), then a last one with ``stop: true``
-    (``stop_type``, ``tokens_cached``). The ids and probabilities of every event make the same answer a whole request
+    (``stop_type``, ``timings``). The ids and probabilities of every event make the same answer a whole request
     gets, read by :meth:`LlamaCppProtocol.parse`; every streamed id has its probability, the stop string's too, so
     they are all recorded (the text still ends before the stop string)."""
 
