@@ -409,7 +409,7 @@ def test_n_choices_overflow_and_disconnect_on_the_real_model(backend: Any) -> No
 
 def test_plain_route_serves_the_model_outside_any_rollout_and_records_nothing(backend: Any) -> None:
     """``POST /v1/chat/completions``: the prompt optimizer's route. Same model and answer as the rollout route
-    (greedy), no span anywhere, ``stream`` refused with a pointer to the rollout route."""
+    (greedy), no span anywhere; ``stream`` sends the whole answer as chunks."""
 
     async def test(at: Attempt) -> None:
         import openai
@@ -423,8 +423,21 @@ def test_plain_route_serves_the_model_outside_any_rollout_and_records_nothing(ba
         )
         assert reply.choices[0].message.content == scoped.choices[0].message.content
         assert len(await at.spans()) == 1  # only the rollout-scoped call was recorded
-        with pytest.raises(openai.BadRequestError, match="stream is not served on /v1/chat/completions"):
-            await plain.chat.completions.create(model="any", messages=messages, max_tokens=4, stream=True)
+        # stream: the whole answer as OpenAI chunks (an agent served a checkpoint keeps its streaming client)
+        stream = await plain.chat.completions.create(
+            model="any",
+            messages=messages,
+            max_tokens=8,
+            temperature=0.0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [chunk async for chunk in stream]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == reply.choices[0].message.content
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == reply.choices[0].finish_reason
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == reply.usage.completion_tokens  # type: ignore[union-attr]
+        assert len(await at.spans()) == 1  # still nothing recorded
         await plain.close()
 
     serve(backend, test)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -85,9 +86,22 @@ def test_serve_adapter_serves_the_merged_policy(
             },
             timeout=120,
         ).json()
+        # an llm resources version points runners' agents at this server (agentbolt run uses the latest one)
+        from agentbolt.client.sync_store import SyncHttpLightningStore
+
+        store = SyncHttpLightningStore(url)
+        latest = store.get_resources()
+        for _ in range(100):
+            if latest is not None:
+                break
+            time.sleep(0.1)
+            latest = store.get_resources()
+        store.close()
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+    assert latest is not None and latest.resources["llm"].endpoint == f"{url}/v1"  # type: ignore[union-attr]
+    assert latest.resources["llm"].model == "smollm2-135m"  # type: ignore[union-attr]
     assert reply["system_fingerprint"] == "step-3"
     prompt_ids, token_ids = reply["prompt_token_ids"], reply["choices"][0]["token_ids"]
     assert len(token_ids) >= 4

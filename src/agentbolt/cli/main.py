@@ -128,6 +128,16 @@ def serve(
             async with serve_in_background(server_app, host, port) as url:
                 console.print(f"agentbolt serving on {url} (store {redact_url(store)}); Ctrl-C to stop")
                 console.print(f"dashboard: {url}/" + (" (it asks for the token once)" if token else ""))
+                if adapter is not None and backend is not None:
+                    # The checkpoint's agents run here unchanged: `agentbolt run` gives them this llm resource.
+                    from agentbolt.types import LLM
+
+                    llm = LLM(endpoint=f"{url}/v1", model=backend.model_name)
+                    published = await st.add_resources({"llm": llm}, metadata={"served_adapter": str(adapter)})
+                    console.print(
+                        f"published resources {published.resources_id}: llm -> {llm.endpoint} ({llm.model}); "
+                        f"runners (agentbolt run --store {url}) give it to your agent"
+                    )
                 await stop.wait()
                 console.print("agentbolt server stopping")
                 if backend is not None:  # first: running generations end at once (failed), and their calls are

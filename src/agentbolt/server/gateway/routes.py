@@ -705,8 +705,10 @@ async def plain_models(request: Request) -> Response:
 async def plain_chat_completions(request: Request, body: dict[str, Any] = Body(description=_BODY_DOC)) -> Response:
     """OpenAI Chat Completions served by the inference backend and recorded nowhere (no rollout, no spans): for
     callers that are not agents, such as the optimizer LLM of APO and GEPA. Same fields as the rollout route;
-    ``stream`` is refused (400: use the rollout route). The weight-swap gate applies. Errors answer in OpenAI's
-    shape: 503 without a backend, 400 bad values or context length exceeded, 502/503 backend failures."""
+    with ``stream`` the whole answer is sent as OpenAI's chunks once it is generated (an agent served a trained
+    checkpoint with ``agentbolt serve --adapter`` keeps its streaming client). The weight-swap gate applies. Errors
+    answer in OpenAI's shape: 503 without a backend, 400 bad values or context length exceeded, 502/503 backend
+    failures."""
     backend: InferenceBackend | None = request.app.state.backend
     request.app.state.unscoped_calls += 1  # a job reports these: an agent that missed its llm.endpoint lands here
     if backend is None:
@@ -715,12 +717,6 @@ async def plain_chat_completions(request: Request, body: dict[str, Any] = Body(d
         spec = chat_call(body)
     except AgentboltError as exc:
         return _error_response(CHAT, error_info(exc))
-    if spec.stream:
-        message = (
-            "stream is not served on /v1/chat/completions (it records nothing); ask without stream, or call the "
-            "rollout route /v1/rollouts/{rollout_id}/attempts/{attempt_id}/v1/chat/completions"
-        )
-        return _error_response(CHAT, ErrorInfo(400, "invalid_request_error", message, "stream_unsupported", "stream"))
     gate: WeightSwapGate | None = getattr(request.app.state, "swap_gate", None)
     if gate is not None:
         try:
@@ -739,4 +735,14 @@ async def plain_chat_completions(request: Request, body: dict[str, Any] = Body(d
         return _error_response(CHAT, error_info(failed))
     outputs = [choice_output(index, o, spec) for index, o in enumerate(outcomes) if isinstance(o, GenerationResult)]
     context = CallContext(f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time()), backend.model_name, sampling)
+    if spec.stream:  # generated whole: the chunks of the whole answer, as a streaming client reads them
+        encoder = CHAT.encoder(spec, context)
+        events = encoder.begin()
+        for output in outputs:
+            events += encoder.choice_begin(output.index)
+            if output.content:
+                events += encoder.text(output.index, output.content)
+            events += encoder.choice_end(output)
+        events += encoder.end(outputs)
+        return Response("".join(events), media_type="text/event-stream")
     return JSONResponse(CHAT.body(spec, outputs, context))
