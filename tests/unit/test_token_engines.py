@@ -1036,6 +1036,14 @@ def test_inference_config_url_rules() -> None:
     assert InferenceConfig().engine == "embedded"
 
 
+def test_an_answer_budget_the_engine_context_cannot_hold_is_refused() -> None:
+    with pytest.raises(ValidationError, match=r"grpo.max_tokens \(512\) leaves no room .* \(256 tokens per request\)"):
+        TrainConfig(grpo={"max_tokens": 512}, inference={"engine": "llamacpp", "context_per_request": 256})
+    fits = TrainConfig(grpo={"max_tokens": 128}, inference={"engine": "llamacpp", "context_per_request": 256})
+    assert fits.inference.context_per_request == 256
+    assert TrainConfig(grpo={"max_tokens": 8192}).grpo.max_tokens == 8192  # embedded: the model's own context
+
+
 def test_trainer_verl_parses_but_is_refused() -> None:
     config = TrainConfig(trainer="verl")
     assert config.trainer == "verl"

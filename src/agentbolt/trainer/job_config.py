@@ -198,6 +198,18 @@ class TrainConfig(_Config):
         return self
 
     @model_validator(mode="after")
+    def _answers_fit_the_engine(self) -> TrainConfig:
+        """A token engine's context per request must hold more than the answer budget (``grpo.max_tokens``): else
+        every call of the job is refused and nothing is trained."""
+        if self.inference.engine != "embedded" and self.grpo.max_tokens >= self.inference.context_per_request:
+            raise ValueError(
+                f"grpo.max_tokens ({self.grpo.max_tokens}) leaves no room for a prompt in inference."
+                f"context_per_request ({self.inference.context_per_request} tokens per request): raise "
+                "inference.context_per_request above max_tokens plus the longest prompt, or lower grpo.max_tokens"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _known_names(self) -> TrainConfig:
         """The estimator, credit assignment and agent_match are checked against their registries when the config is
         parsed (the error names the known ones), not when the job reaches them."""
