@@ -916,6 +916,15 @@ def test_llamacpp_stream_errors_are_named_and_the_engine_is_released(encoder: Pr
     assert pieces == ["Hello", " world"] and in_flight == 0
     assert isinstance(failed, UpstreamError) and "before its last event" in str(failed)
 
+    # llama.cpp never streams an id after which the text ends inside a UTF-8 character: the result is untrainable,
+    # its text is what was streamed (not a decoding of the ids that came), its token count the engine's.
+    symbol = {"content": " ∨", "tokens": [world], "completion_probabilities": [{"id": world, "logprob": -1.0}]}
+    last3 = {**last, "tokens_predicted": 3}
+    pieces, outcome, failed, in_flight = asyncio.run(run(events(first, symbol, last3)))
+    assert failed is None and in_flight == 0 and isinstance(outcome, GenerationResult)
+    assert not outcome.trainable and outcome.text == "Hello ∨" == "".join(pieces)
+    assert outcome.num_completion_tokens == 3 and "streamed 2 of its 3" in outcome.extra["not_trainable_reason"]
+
 
 # ---------------------------------------------------------------------------- paused() and stats
 

@@ -94,6 +94,7 @@ class EngineAnswer:
         stop_word: the stop string the engine stopped on, when its ids end before it (llama.cpp).
         unscored: why some ids have no logprob (their ``logprobs`` entries are NaN), else ``None``: the answer is
             served but not trained.
+        n_generated: how many ids the engine says it generated, when it says so (llama.cpp ``tokens_predicted``).
     """
 
     ids: list[int]
@@ -103,6 +104,7 @@ class EngineAnswer:
     cached_prompt_tokens: int = 0
     stop_word: str | None = None
     unscored: str | None = None
+    n_generated: int | None = None
 
 
 def _refuse_unforwarded(request: GenerationRequest, engine: str, output_format_ok: bool) -> None:
@@ -261,6 +263,7 @@ class LlamaCppProtocol:
             cached_prompt_tokens=int((body.get("timings") or {}).get("cache_n") or 0),
             stop_word=stop_word,
             unscored=unscored,
+            n_generated=predicted if isinstance(predicted, int) else None,
         )
 
 
@@ -755,7 +758,12 @@ class TokenEngineBackend:
         return ids
 
     def _finish(
-        self, request: GenerationRequest, ids: list[int], answer: EngineAnswer, version: str
+        self,
+        request: GenerationRequest,
+        ids: list[int],
+        answer: EngineAnswer,
+        version: str,
+        streamed_text: str | None = None,
     ) -> GenerationResult:
         if len(answer.logprobs) != len(answer.ids):
             raise UpstreamError(
@@ -764,7 +772,7 @@ class TokenEngineBackend:
             )
         self.stats.requests += 1
         self.stats.generated_tokens += len(answer.ids)
-        return self._result(request, ids, answer, version)
+        return self._result(request, ids, answer, version, streamed_text)
 
     def _json(self, response: httpx.Response) -> dict[str, Any]:
         text = response.text[:1000]
@@ -784,9 +792,16 @@ class TokenEngineBackend:
         return body
 
     def _result(
-        self, request: GenerationRequest, prompt_ids: list[int], answer: EngineAnswer, version: str
+        self,
+        request: GenerationRequest,
+        prompt_ids: list[int],
+        answer: EngineAnswer,
+        version: str,
+        streamed_text: str | None = None,
     ) -> GenerationResult:
-        text = self.encoder.decode(answer.ids)
+        # Ids missing (an unscored stream): the text is what the engine sent, which the client already has.
+        use_streamed = answer.unscored is not None and streamed_text is not None
+        text = streamed_text if use_streamed and streamed_text is not None else self.encoder.decode(answer.ids)
         stop_sequence = None
         if answer.stop_word is not None:  # the ids end before the stop string
             stop_sequence = answer.stop_word
@@ -818,7 +833,7 @@ class TokenEngineBackend:
                 model_version=version,
                 extra=extra,
                 trainable=False,
-                completion_tokens=len(answer.ids),
+                completion_tokens=max(len(answer.ids), answer.n_generated or 0),
                 stop_sequence=stop_sequence,
             )
         if answer.finish_reason != "abort" and request.prompt is None:
@@ -881,6 +896,7 @@ class _LlamaCppStream:
         self._tokens: list[Any] = []
         self._probs: list[Any] = []
         self._final: dict[str, Any] | None = None
+        self._content: list[str] = []
         self._deltas: asyncio.Queue[str | None] = asyncio.Queue()
         self._task = asyncio.ensure_future(self._read())
 
@@ -901,7 +917,8 @@ class _LlamaCppStream:
                 self._tokens.extend(chunk.get("tokens") or [])
                 self._probs.extend(chunk.get("completion_probabilities") or [])
                 if chunk.get("content"):
-                    self._deltas.put_nowait(str(chunk["content"]))
+                    self._content.append(str(chunk["content"]))
+                    self._deltas.put_nowait(self._content[-1])
                 if chunk.get("stop"):
                     self._final = chunk
                     break
@@ -945,7 +962,8 @@ class _LlamaCppStream:
         else:
             body = {**self._final, "tokens": self._tokens, "completion_probabilities": self._probs, "stream": True}
             answer = protocol.parse(body, self._backend.where)
-        return self._backend._finish(self._request, self._prompt_ids, answer, self._version)
+        streamed = "".join(self._content)
+        return self._backend._finish(self._request, self._prompt_ids, answer, self._version, streamed)
 
     def cancel(self) -> None:
         """Stop reading and close the connection (llama.cpp then stops generating for it)."""
