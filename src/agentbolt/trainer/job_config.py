@@ -266,7 +266,7 @@ def check_trainer(config: TrainConfig) -> None:
         "trainer: verl is not run by agentbolt train yet"
         + ("" if installed else " (and verl is not installed: pip install 'agentbolt[verl]' on a CUDA machine)")
         + ": build verl's RayPPOTrainer yourself and hand it to agentbolt.algorithms.rl.verl.VerlPolicyUpdater "
-        "(docs/scaling.md, 'Serving engines'), or keep trainer: torch, which trains LoRA on the GPU with device: cuda "
+        "(docs/scaling.md, 'verl and vLLM'), or keep trainer: torch, which trains LoRA on the GPU with device: cuda "
         "and serves through inference.engine vllm or sglang"
     )
 
