@@ -40,8 +40,8 @@ class InferenceConfig(_Config):
             ``sglang``; for ``llamacpp`` leave it unset.
         served_model: the name vLLM serves the base model under (default: the model's name).
         api_key: sent as a bearer token to a remote engine.
-        context_per_request: tokens of context each request may use (prompt + ``max_tokens``); for ``llamacpp``
-            each of its ``parallel`` slots gets this much.
+        context_per_request: tokens of context each request may use (prompt + ``max_tokens``; at least 256, and
+            more than ``grpo.max_tokens``); for ``llamacpp`` each of its ``parallel`` slots gets this much.
         parallel: ``llamacpp``: requests generated together (``llama-server --parallel``).
         threads: ``llamacpp``: CPU threads (default all cores).
         llama_cpp_dir: ``llamacpp``: the folder with the built llama.cpp (default ``$AGENTBOLT_LLAMA_CPP`` or
