@@ -71,6 +71,7 @@ from agentbolt.inference.base import (
     UpstreamError,
 )
 from agentbolt.inference.prompt_encoding import PromptEncoder, check_sampling, entries_within
+from agentbolt.inference.remote import sse_chunks
 from agentbolt.inference.stop_text import cut_at_stop
 
 logger = logging.getLogger(__name__)
@@ -669,9 +670,10 @@ class TokenEngineBackend:
                 logger.warning("%s did not unload adapter %s: %s", self.where, previous, answer.text[:200])
         return name
 
-    async def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
+    async def _post(self, path: str, body: dict[str, Any], *, stream: bool = False) -> httpx.Response:
+        """POST ``body``; with ``stream`` the answer's body is left to read (the caller closes the response)."""
         try:
-            return await self._client.post(path, json=body)
+            return await self._client.send(self._client.build_request("POST", path, json=body), stream=stream)
         except httpx.HTTPError as exc:
             raise BackendError(f"{self.where}: POST {path} failed: {exc!r}") from exc
 
@@ -724,12 +726,7 @@ class TokenEngineBackend:
         try:
             body = {**self.protocol.payload(ids, request, self.adapter), "stream": True}
             version = self.model_version
-            try:
-                response = await self._client.send(
-                    self._client.build_request("POST", self.protocol.path, json=body), stream=True
-                )
-            except httpx.HTTPError as exc:
-                raise BackendError(f"{self.where}: POST {self.protocol.path} failed: {exc!r}") from exc
+            response = await self._post(self.protocol.path, body, stream=True)
             if response.status_code >= 400:
                 await response.aread()
                 await response.aclose()
@@ -800,8 +797,7 @@ class TokenEngineBackend:
         streamed_text: str | None = None,
     ) -> GenerationResult:
         # Ids missing (an unscored stream): the text is what the engine sent, which the client already has.
-        use_streamed = answer.unscored is not None and streamed_text is not None
-        text = streamed_text if use_streamed and streamed_text is not None else self.encoder.decode(answer.ids)
+        text = self.encoder.decode(answer.ids) if answer.unscored is None or streamed_text is None else streamed_text
         stop_sequence = None
         if answer.stop_word is not None:  # the ids end before the stop string
             stop_sequence = answer.stop_word
@@ -903,15 +899,9 @@ class _LlamaCppStream:
     async def _read(self) -> None:
         where = self._backend.where
         try:
-            async for line in self._response.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                try:
-                    chunk = json.loads(line[len("data: ") :])
-                except ValueError as exc:
-                    raise UpstreamError(f"{where} streamed an event that is not JSON: {line[:200]!r}") from exc
+            async for chunk in sse_chunks(self._response):
                 if not isinstance(chunk, dict):
-                    raise UpstreamError(f"{where} streamed an event that is not a JSON object: {line[:200]!r}")
+                    raise UpstreamError(f"{where} streamed an event that is not a JSON object: {str(chunk)[:200]!r}")
                 if "error" in chunk:
                     raise UpstreamError(f"{where} failed while streaming: {json.dumps(chunk['error'])[:500]}")
                 self._tokens.extend(chunk.get("tokens") or [])
