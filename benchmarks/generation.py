@@ -78,7 +78,8 @@ Latency, per request (medians; ``ttft_s`` also p90):
 Per (arm, level) JSON line: arm, model, concurrency, requests, errors, generated_tokens, wall_s, tokens_per_s,
 ttft_s / ttft_p90_s / tpot_s / e2e_s (+ visible_ttft_s), prompt_tokens (mean), cached_prompt_tokens (mean, what
 the backend did not prefill), finish reasons; gateway arms add the level's delta of ``backend.stats``
-(decode_steps, decode_rows, mean_batch_size, generation_s) and of ``prefix_cache.hit_tokens`` /
+(decode_steps, decode_rows, mean_batch_size, generation_s; for the continuous batch prefill_s, decode_s,
+prefill_tokens and decode_step_ms) and of ``prefix_cache.hit_tokens`` /
 ``lookup_tokens``. First a ``machine`` line (CPU model, cores, threads, load average, versions, commit, date), then
 a ``roofline`` line, the level lines as they finish, a ``skipped`` line per arm that could not run, and a
 ``summary`` line per level: each arm's tokens/s over the roofline and over llamacpp, and gateway-continuous over
@@ -437,6 +438,9 @@ def _stats(backend: Any) -> dict[str, float]:
         "decode_steps": stats.decode_steps,
         "decode_rows": stats.decode_rows,
         "generation_s": stats.generation_s,
+        "prefill_s": getattr(stats, "prefill_s", 0.0),
+        "decode_s": getattr(stats, "decode_s", 0.0),
+        "prefill_tokens": getattr(getattr(backend, "_batch", None), "prefill_tokens", 0),
         "batches": stats.batches,
         "failed_requests": stats.failed_requests,
         "prefix_hit_tokens": getattr(cache, "hit_tokens", 0),
@@ -559,6 +563,12 @@ async def run_gateway_arm(
                     if delta["decode_steps"]
                     else None,
                     backend_generation_s=round(delta["generation_s"], 3),
+                    backend_prefill_s=round(delta["prefill_s"], 3),
+                    backend_decode_s=round(delta["decode_s"], 3),
+                    backend_prefill_tokens=delta["prefill_tokens"],
+                    decode_step_ms=round(1000 * delta["decode_s"] / delta["decode_steps"], 1)
+                    if delta["decode_steps"]
+                    else None,
                     backend_batches=delta["batches"],
                     backend_failed_requests=delta["failed_requests"],
                     prefix_hit_tokens=delta["prefix_hit_tokens"],

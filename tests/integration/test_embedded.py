@@ -362,3 +362,62 @@ def test_close_ends_running_rows_at_once(model_dir: Path) -> None:
         return time.monotonic() - started_s
 
     assert asyncio.run(scenario()) < 5.0
+
+
+def test_running_batch_buffers_keep_every_row_exact_through_joins_ends_trims_and_growth(model_dir: Path) -> None:
+    """The running batch's in-place buffers (continuous.RunningBatch) in float32, driven step by step: a longer
+    prompt joining a shorter one (copied to new buffers, shifted right), rows that leave (the last row takes their
+    place), leading columns that nobody attends to any more (trimmed), rows that join into spare rows, and more
+    decode steps than the spare columns (buffers grown). Every row's greedy ids and logprobs equal an unpadded
+    forward pass of its own prompt + answer."""
+    from transformers import AutoModelForCausalLM
+
+    from agentbolt.inference.continuous import DECODE_SPARE_COLUMNS, PrefixCache, Row, RunningBatch
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    generator = torch.Generator().manual_seed(0)
+
+    def row(prompt_len: int, max_tokens: int) -> Row:
+        prompt = torch.randint(100, 40_000, (prompt_len,), generator=generator).tolist()
+        return Row(None, prompt, max_tokens, 0.0, 1.0, 0, frozenset())
+
+    batch = RunningBatch(model, torch.device("cpu"), 0, PrefixCache(0))
+    calls: dict[str, int] = {"rebuild": 0, "trim": 0}
+    for name in calls:
+        original = getattr(batch, f"_{name}")
+
+        def counted(*args: Any, _original: Any = original, _name: str = name) -> Any:
+            calls[_name] += 1
+            return _original(*args)
+
+        setattr(batch, f"_{name}", counted)
+    ended: list[Row] = []
+
+    def run(steps: int) -> None:
+        for _ in range(steps):
+            ended.extend(batch.finished(lambda _: None))
+            if batch.rows:
+                batch.step()
+        ended.extend(batch.finished(lambda _: None))
+
+    with torch.inference_mode():
+        long_lived, short = row(20, 90), row(100, 5)
+        batch.admit([long_lived, short])  # two groups: the 100-id prompt shifts the 20-id one right
+        assert calls["rebuild"] == 1
+        run(6)  # `short` ends; 80 leading columns are now attended by nobody: trimmed
+        assert short in ended and calls["trim"] == 1 and batch.cache_tokens() == 20 + 6
+        rebuilds = calls["rebuild"]
+        quick, slow = row(10, 3), row(12, 30)
+        batch.admit([quick, slow])  # shorter than T: written into spare rows, no copy
+        assert calls["rebuild"] == rebuilds and len(batch.rows) == 3
+        run(4)  # `quick` ends in the middle of the batch: `slow` takes its row
+        assert quick in ended and batch.rows == [long_lived, slow]
+        run(DECODE_SPARE_COLUMNS + 20)  # more steps than spare columns: the buffers grow
+        assert calls["rebuild"] > rebuilds and not batch.rows
+        for finished in (long_lived, short, quick, slow):
+            assert finished in ended and len(finished.generated) == finished.max_tokens
+            ids = torch.tensor([finished.prompt + finished.generated])
+            logits = model(ids).logits[0, len(finished.prompt) - 1 : -1]
+            assert finished.generated == logits.argmax(dim=-1).tolist()
+            expected = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(finished.generated).unsqueeze(1))
+            assert torch.allclose(torch.tensor(finished.logprobs), expected.squeeze(1), atol=1e-3, rtol=0)

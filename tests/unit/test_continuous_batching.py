@@ -102,6 +102,33 @@ def test_sampled_rows_record_the_tempered_logprob_and_stay_in_the_nucleus() -> N
     assert logprobs.item() == pytest.approx(tempered[ids.item()].item(), abs=1e-6)
 
 
+def test_the_two_level_draw_follows_the_weights_across_blocks() -> None:
+    # 300 ids: three blocks of 128 (the last one padded); mass on ids at both sides of a block boundary and at the end
+    torch.manual_seed(0)
+    probs = torch.zeros(300)
+    probs[[5, 127, 128, 299]] = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    logits = torch.log(probs).repeat(20_000, 1)  # -inf elsewhere: weight 0, never drawn
+    ids, logprobs, _ = sample_rows(logits, [1.0] * 20_000, [1.0] * 20_000)
+    counts = torch.bincount(ids, minlength=300)
+    assert set(ids.unique().tolist()) == {5, 127, 128, 299}
+    for token_id, p in [(5, 0.1), (127, 0.2), (128, 0.3), (299, 0.4)]:
+        # 4.5 standard deviations of a binomial share over 20,000 draws (at most 0.0156)
+        assert abs(counts[token_id].item() / 20_000 - p) < 4.5 * math.sqrt(p * (1 - p) / 20_000)
+        assert logprobs[ids == token_id][0].item() == pytest.approx(math.log(p), abs=1e-6)
+
+
+def test_logprobs_match_log_softmax_on_a_real_vocabulary_size() -> None:
+    torch.manual_seed(1)
+    logits = (torch.randn(4, 151_936) * 3).to(torch.bfloat16)
+    ids, logprobs, top = sample_rows(logits, [1.0, 0.7, 0.0, 1.3], [1.0, 0.9, 1.0, 1.0], top_k=3)
+    for b, t in enumerate([1.0, 0.7, 1.0, 1.3]):
+        expected = torch.log_softmax(logits[b].double() / t, dim=-1)
+        assert logprobs[b].item() == pytest.approx(expected[ids[b]].item(), abs=2e-5)
+        assert top is not None
+        assert top[0][b].tolist() == pytest.approx(expected.topk(3).values.tolist(), abs=2e-5)
+    assert ids[2].item() == int(logits[2].float().argmax())
+
+
 def test_rows_of_one_call_keep_their_own_settings() -> None:
     logits = torch.tensor([[0.0, 10.0, 0.0], [10.0, 0.0, 0.0]])
     ids, _, _ = sample_rows(logits, [0.0, 1.0], [1.0, 1e-6])  # greedy row; a sampled row with a one-id nucleus

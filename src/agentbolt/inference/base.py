@@ -210,6 +210,9 @@ class ThroughputStats:
         failed_requests: requests that got a BackendError from the worker.
         decode_steps: forward passes that generated one id per row (a ``model.generate`` batch counts once).
         decode_rows: rows in those passes, summed (a ``model.generate`` batch counts its requests).
+        prefill_s: wall seconds of ``generation_s`` spent admitting rows into the embedded continuous batch (prefix
+            cache lookups, prefills, first ids); the rest of its time went to decode steps (``decode_s``).
+        decode_s: wall seconds of the embedded continuous batch's decode steps.
     """
 
     generated_tokens: int = 0
@@ -219,6 +222,8 @@ class ThroughputStats:
     failed_requests: int = 0
     decode_steps: int = 0
     decode_rows: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
 
     @property
     def mean_batch_size(self) -> float:

@@ -55,6 +55,7 @@ from transformers import (
 )
 
 from agentbolt.errors import BackendError, ConfigError
+from agentbolt.inference import packed_linear
 from agentbolt.inference.base import (
     ContextLengthExceededError,
     FinishReason,
@@ -609,6 +610,7 @@ class EmbeddedBackend:
         engine = self._batch
         if self._prefix_stale and not engine.rows:
             self.prefix_cache.clear()
+            packed_linear.forget_trainable(self.model)
             self._prefix_stale = False
         model = self.model
         if engine.model is not model:
@@ -621,11 +623,15 @@ class EmbeddedBackend:
             with torch.inference_mode():
                 rows = [self._row_of(pending) for pending in admitted]
                 engine.admit(rows)
+                admitted_s = time.monotonic()
+                self.stats.prefill_s += admitted_s - started_s
                 self._stream_new_ids(rows)
                 self._answer(engine.finished(self._should_stop))
                 if engine.rows:
                     live = list(engine.rows)
+                    step_started_s = time.monotonic()
                     engine.step()
+                    self.stats.decode_s += time.monotonic() - step_started_s
                     self.stats.decode_steps += 1
                     self.stats.decode_rows += len(live)
                     self._stream_new_ids(live)
@@ -849,7 +855,7 @@ class EmbeddedBackend:
         started_s = time.monotonic()
         try:
             model.eval()
-            with torch.inference_mode():
+            with torch.inference_mode(), packed_linear.packed_linears():
                 output = model.generate(
                     input_ids=input_ids_BL.to(self.device),
                     attention_mask=attention_mask_BL.to(self.device),
