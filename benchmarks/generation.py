@@ -89,8 +89,12 @@ gateway-generate. Every line is printed and appended to ``--out`` (default
 between arms.
 
 Threads: ``--threads 2`` by default (torch intra-op threads for the embedded backend, transformers and the
-bandwidth probe; llama.cpp's ``n_threads``/``n_threads_batch``). The HTTP client runs in the same process as the
-gateway (one event loop), as a training job's server shares its process with the trainer. On a machine whose cores
+bandwidth probe; llama.cpp's ``n_threads``/``n_threads_batch``). Clients (``--clients``): ``process`` (default)
+sends the gateway arms' requests from one child process (its own event loop and ``AsyncOpenAI`` clients), as
+``agentbolt train`` runs agents in runner processes while the gateway shares the job's process with the backend;
+``inline`` sends them from the gateway's own event loop (each wake-up of that loop takes the GIL from the embedded
+backend's generation thread: measured 20-30% fewer tokens/s at concurrency 16). Level lines say which
+(``clients``) and carry the child's CPU seconds (``client_cpu_s``). On a machine whose cores
 are busy with other work (load average at or above the core count), two OpenMP threads are pathological: every
 parallel region waits for a thread that is not scheduled, and on a 2-core machine at load 3-4 one SmolLM2 forward
 of 282 tokens took 6-8 s of CPU with 2 threads against 0.3 s with 1. Each level line carries ``cpu_s`` (this
@@ -118,6 +122,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import json
 import os
@@ -451,13 +456,20 @@ def _stats(backend: Any) -> dict[str, float]:
 async def _gateway_call(
     client: Any, args: argparse.Namespace, question: str, timed: TimedBackend, max_tokens: int
 ) -> Sample:
+    times = timed.times.setdefault(question, ServerTimes())
+    sample, sent_s = await _client_call(client, args.model, question, max_tokens)
+    return _with_server_times(sample, sent_s, times)
+
+
+async def _client_call(client: Any, model: str, question: str, max_tokens: int) -> tuple[Sample, float]:
+    """One streamed request as the client sees it; ``(sample, sent_s)`` (``time.monotonic()``, which is
+    system-wide on Linux, so a child process's times compare with the server's)."""
     messages, tools = calc_request(question)
     sample = Sample()
-    times = timed.times.setdefault(question, ServerTimes())
     sent_s = time.monotonic()
     try:
         stream = await client.chat.completions.create(
-            model=args.model,
+            model=model,
             messages=messages,
             tools=tools,
             temperature=1.0,
@@ -482,6 +494,11 @@ async def _gateway_call(
         sample.completion_tokens = usage.completion_tokens
     except Exception as exc:  # recorded in the level's line; the level goes on
         sample.error = f"{type(exc).__name__}: {exc}"
+    return sample, sent_s
+
+
+def _with_server_times(sample: Sample, sent_s: float, times: ServerTimes) -> Sample:
+    if sample.error is not None:
         return sample
     if times.first_s is not None:
         sample.ttft_s = times.first_s - sent_s
@@ -490,6 +507,84 @@ async def _gateway_call(
     if times.extra is not None and "cached_prompt_tokens" in times.extra:
         sample.cached_prompt_tokens = int(times.extra["cached_prompt_tokens"])
     return sample
+
+
+async def _client_worker() -> None:
+    """``--client-worker``: read one level per stdin line (JSON: ``urls``, ``questions``, ``c``, ``model``,
+    ``max_tokens``, ``timeout_s``), send its requests with at most ``c`` in flight, write one JSON line back: the
+    samples with their ``sent_s``, and this process's CPU seconds for the level."""
+    from openai import AsyncOpenAI
+
+    loop = asyncio.get_running_loop()
+    while True:
+        line = await loop.run_in_executor(None, sys.stdin.readline)
+        if not line:
+            return
+        job = json.loads(line)
+        clients = [
+            AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, timeout=job["timeout_s"]) for url in job["urls"]
+        ]
+        gate = asyncio.Semaphore(job["c"])
+
+        async def one(
+            index: int, gate: asyncio.Semaphore = gate, clients: list[Any] = clients, job: dict[str, Any] = job
+        ) -> tuple[Sample, float]:
+            async with gate:
+                return await _client_call(clients[index], job["model"], job["questions"][index], job["max_tokens"])
+
+        cpu = time.process_time()
+        results = await asyncio.gather(*(one(i) for i in range(len(clients))))
+        for client in clients:
+            await client.close()
+        answer = {
+            "samples": [{**dataclasses.asdict(sample), "sent_s": sent_s} for sample, sent_s in results],
+            "cpu_s": time.process_time() - cpu,
+        }
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
+
+
+class ClientProcess:
+    """The child process that sends a gateway arm's requests (``--clients process``)."""
+
+    def __init__(self) -> None:
+        self._proc: asyncio.subprocess.Process | None = None
+
+    async def run_level(
+        self, args: argparse.Namespace, urls: list[str], questions: list[str], c: int, timed: TimedBackend
+    ) -> tuple[list[Sample], float]:
+        """Send one level's requests from the child; ``(samples, child CPU seconds)``."""
+        if self._proc is None:
+            self._proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--client-worker",
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                limit=2**26,
+            )
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        for question in questions:
+            timed.times.setdefault(question, ServerTimes())
+        job = {"urls": urls, "questions": questions, "c": c, "model": args.model}
+        job.update(max_tokens=args.max_tokens, timeout_s=args.timeout_s)
+        self._proc.stdin.write((json.dumps(job) + "\n").encode())
+        await self._proc.stdin.drain()
+        line = await self._proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the client process exited (code {await self._proc.wait()})")
+        answer = json.loads(line)
+        samples = []
+        for question, raw in zip(questions, answer["samples"], strict=True):
+            sent_s = raw.pop("sent_s")
+            samples.append(_with_server_times(Sample(**raw), sent_s, timed.times[question]))
+        return samples, float(answer["cpu_s"])
+
+    async def close(self) -> None:
+        if self._proc is not None and self._proc.returncode is None:
+            assert self._proc.stdin is not None
+            self._proc.stdin.close()
+            await self._proc.wait()
 
 
 async def run_gateway_arm(
@@ -511,20 +606,24 @@ async def run_gateway_arm(
     timed = TimedBackend(backend)
     store = InMemoryLightningStore()
     no_lease = RolloutConfig(unresponsive_seconds=None)
+    client_process = ClientProcess()
     try:
         async with serve_in_background(create_app(store, timed)) as url:
             client = AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=args.timeout_s)
 
-            async def attempt_clients(n: int) -> list[Any]:
+            async def attempt_urls(n: int) -> list[str]:
                 for _ in range(n):
                     await store.enqueue_rollout({"benchmark": "generation"}, config=no_lease)
                 claimed = await store.claim_many("generation-bench", n)
-                clients = []
+                urls = []
                 for item in claimed:
                     rid, aid = item.rollout.rollout_id, item.attempt.attempt_id
                     await store.update_attempt(rid, aid, AttemptStatus.RUNNING)
-                    clients.append(client.with_options(base_url=f"{url}/v1/rollouts/{rid}/attempts/{aid}/v1"))
-                return clients
+                    urls.append(f"{url}/v1/rollouts/{rid}/attempts/{aid}/v1")
+                return urls
+
+            async def attempt_clients(n: int) -> list[Any]:
+                return [client.with_options(base_url=u) for u in await attempt_urls(n)]
 
             (warm_client,) = await attempt_clients(1)
             warm = await _gateway_call(warm_client, args, "What is 2 + 2?", timed, WARMUP_TOKENS)
@@ -533,7 +632,7 @@ async def run_gateway_arm(
                 return
             for c in args.levels:
                 n = args.requests_for(c)
-                clients = await attempt_clients(n)
+                urls = await attempt_urls(n)
                 async with backend.paused():
                     if server is not None:  # a fresh llama-server: no prompt cached from the level before
                         await server.stop()
@@ -546,12 +645,18 @@ async def run_gateway_arm(
                 before = _stats(backend)
                 gate = asyncio.Semaphore(c)
 
+                clients = [client.with_options(base_url=u) for u in urls]
+
                 async def one(index: int, gate: asyncio.Semaphore = gate, clients: list[Any] = clients) -> Sample:
                     async with gate:
                         return await _gateway_call(clients[index], args, questions[index], timed, args.max_tokens)
 
                 started, cpu = time.monotonic(), time.process_time()
-                samples = list(await asyncio.gather(*(one(i) for i in range(n))))
+                client_cpu_s = None
+                if args.clients == "process":
+                    samples, client_cpu_s = await client_process.run_level(args, urls, questions[:n], c, timed)
+                else:
+                    samples = list(await asyncio.gather(*(one(i) for i in range(n))))
                 wall_s = time.monotonic() - started
                 after = _stats(backend)
                 delta = {key: after[key] - before[key] for key in after}
@@ -574,6 +679,8 @@ async def run_gateway_arm(
                     prefix_hit_tokens=delta["prefix_hit_tokens"],
                     prefix_lookup_tokens=delta["prefix_lookup_tokens"],
                     prefix_cache_cleared=True,
+                    clients=args.clients,
+                    client_cpu_s=None if client_cpu_s is None else round(client_cpu_s, 3),
                     max_batch_size=c,
                     batch_wait_s=getattr(backend, "batch_wait_s", None),
                     continuous_batching=arm in ("gateway-continuous", "gateway-llamacpp"),
@@ -583,6 +690,7 @@ async def run_gateway_arm(
                 emit(line)
             await client.close()
     finally:
+        await client_process.close()
         await backend.close()
         with contextlib.suppress(Exception):
             await store.close()
@@ -973,7 +1081,17 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=3600, help="per gateway request")
     parser.add_argument("--quick", action="store_true", help="smoke run: smollm2-135m, c=1,4, 8 requests, 16 tokens")
     parser.add_argument("--out", help="JSONL file to append to (default benchmarks/results/generation-<date>.jsonl)")
+    parser.add_argument(
+        "--clients",
+        choices=("process", "inline"),
+        default="process",
+        help="where the gateway arms' clients run: a child process (as train's runner processes) or the gateway's loop",
+    )
+    parser.add_argument("--client-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.client_worker:
+        asyncio.run(_client_worker())
+        return
     if args.quick:
         args.model, args.concurrency, args.requests_per_level, args.max_tokens = "smollm2-135m", "1,4", 8, 16
         args.bandwidth_gib = min(args.bandwidth_gib, 0.25)

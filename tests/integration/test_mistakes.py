@@ -130,3 +130,31 @@ def test_each_mistake_is_named_and_the_job_fails(tmp_path: Path, smollm2_dir: Pa
     assert kinds["no_reward"]["count"] == 4 and kinds["bad_reward"]["count"] == 4
     assert kinds["timeout"]["count"] == 4
     assert kinds["no_gateway_call"]["count"] == 4
+
+
+def test_a_one_step_run_that_trained_nothing_fails_with_its_causes(tmp_path: Path, smollm2_dir: Path) -> None:
+    """Shorter than ``fail_after``: the only step had nothing trainable, so the job exits 1 with the causes instead
+    of ending 0 with a checkpoint of unchanged weights."""
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"task_id": f"r{i}", "kind": "raises"}) + "\n" for i in range(3)))
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        CONFIG.format(tasks=tasks).replace("steps: 4", "steps: 1").replace("tasks_per_step: 6", "tasks_per_step: 2")
+    )
+    out = tmp_path / "run"
+    env = {**os.environ, "AGENTBOLT_CACHE": str(smollm2_dir.parent.parent), "COLUMNS": "250"}
+    job = subprocess.run(
+        [sys.executable, "-m", "agentbolt.cli.main", "train", str(config), "--out", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    text = job.stdout + job.stderr
+    assert job.returncode == 1, text
+    assert "no trainable trajectory in any of the 1 steps run: nothing was trained" in text
+    assert "ValueError: the agent tripped on purpose" in text and "Traceback" not in text
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stopped_for_failures"] is True and summary["train_reward"] == [None]
+    assert summary["failure_causes"] == {"agent_exception": 4}

@@ -165,3 +165,47 @@ def test_the_watch_trips_after_fail_after_empty_steps_in_a_row() -> None:
     summary = watch.to_summary()
     assert summary["stopped_for_failures"] is True and summary["failure_causes"]["no_reward"] == 12
     assert FailureWatch(fail_after=0).tripped is False
+
+
+def test_a_run_shorter_than_fail_after_that_trained_nothing_fails_too() -> None:
+    empty = {"n_transitions": 0, "n_samples": 0, "rewards": [], "causes": {"no_reward": 4}, "cause_details": {}}
+    watch = FailureWatch(fail_after=2)
+    assert not watch.failed  # no step yet
+    watch.add(_result(**empty))  # the run's only step: nothing trainable
+    assert not watch.tripped and watch.nothing_trained and watch.failed
+    assert watch.report().startswith("no trainable trajectory in any of the 1 steps run: nothing was trained")
+    assert watch.to_summary()["stopped_for_failures"] is True
+    watch.add(_result())
+    assert not watch.failed  # one step trained
+    off = FailureWatch(fail_after=0)
+    off.add(_result(**empty))
+    assert not off.failed  # fail_after 0: never stop for failures
+
+
+def test_a_step_with_no_scored_rollout_has_no_reward(tmp_path: Any) -> None:
+    from agentbolt.trainer.loop import RLTrainer
+    from agentbolt.trainer.plots import plot_reward_curve
+
+    nothing = _result(rewards=[], n_transitions=0, n_samples=0)
+    assert nothing.reward_mean is None and nothing.reward_std is None  # not a reward of 0
+    assert "n/a (no rollout scored)" in step_line(nothing)
+    names = {metric.name for metric in RLTrainer._metrics(nothing)}
+    assert "train_reward_mean" not in names and "rollout_s" in names
+    scored = _result(rewards=[1.0, 0.0])
+    assert (scored.reward_mean, scored.reward_std) == (0.5, 0.5)
+    assert {m.name: m.value for m in RLTrainer._metrics(scored)}["train_reward_mean"] == 0.5
+    plot_reward_curve(tmp_path / "curve.png", [0.5, None, 0.25], {"val": 0.1}, {"val": 0.2})  # a gap at step 2
+    assert (tmp_path / "curve.png").stat().st_size > 0
+
+
+def test_untrainable_calls_of_trained_rollouts_are_counted_and_named() -> None:
+    skipped = _call(2)
+    skipped.attributes[semconv.LLM_TRAINABLE] = False
+    skipped.attributes[semconv.LLM_NOT_TRAINABLE_REASON] = "llama.cpp gave no probability for 1 of 2 ids"
+    spans = [_call(1), skipped, _call(3, trainable=False), _reward(4, 1.0)]
+    selection = select_trajectories([(_rollout(SUCCEEDED, 1.0), _attempt(A.SUCCEEDED), spans)])
+    assert len(selection.trajectories) == 1 and selection.n_calls == 1  # only the trainable call is trained
+    assert selection.untrainable_calls == {"llama.cpp gave no probability for 1 of 2 ids": 1, "not trainable": 1}
+    line = step_line(_result(untrainable_calls=selection.untrainable_calls))
+    assert "untrainable calls 2 (left out; e.g. llama.cpp gave no probability for 1 of 2 ids)" in line
+    assert "untrainable" not in step_line(_result())

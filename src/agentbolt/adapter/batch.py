@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from agentbolt import semconv
 from agentbolt.adapter import build_trajectory
 from agentbolt.adapter.advantages import VALUE_HEAD_ESTIMATOR, compute_advantages
 from agentbolt.adapter.causes import FailureCause, failure_cause
@@ -87,6 +88,8 @@ class TrajectorySelection:
         cause_details: the detail of the first rollout met per cause (e.g. ``ValueError: bad input``).
         n_truncated / n_calls: calls cut at ``max_tokens`` among the trained trajectories' transitions, and all
             of their transitions.
+        untrainable_calls: answered LLM calls of the trained rollouts that the gateway recorded as untrainable
+            (``agentbolt.llm.trainable`` false), by their ``not_trainable_reason``: left out of the trajectories.
     """
 
     trajectories: list[Trajectory] = field(default_factory=list)
@@ -98,6 +101,7 @@ class TrajectorySelection:
     cause_details: dict[str, str] = field(default_factory=dict)
     n_truncated: int = 0
     n_calls: int = 0
+    untrainable_calls: dict[str, int] = field(default_factory=dict)
 
     @property
     def n_infra_failed(self) -> int:
@@ -155,9 +159,22 @@ def select_trajectories(
                 out.count_cause(failure_cause(rollout, attempt, spans, trainable=False))
             continue
         out.trajectories.append(trajectory)
+        for reason in untrainable_reasons(spans):
+            out.untrainable_calls[reason] = out.untrainable_calls.get(reason, 0) + 1
         out.n_calls += len(trajectory.transitions)
         out.n_truncated += sum(1 for t in trajectory.transitions if t.finish_reason == "length")
     return out
+
+
+def untrainable_reasons(spans: Sequence[Span]) -> list[str]:
+    """The ``not_trainable_reason`` of each answered (not ERROR) LLM span marked untrainable by the gateway."""
+    return [
+        str(span.attributes.get(semconv.LLM_NOT_TRAINABLE_REASON) or "not trainable")
+        for span in spans
+        if span.name == semconv.SPAN_LLM_CALL
+        and span.status.code != "ERROR"
+        and span.attributes.get(semconv.LLM_TRAINABLE) is False
+    ]
 
 
 def samples_for_step(

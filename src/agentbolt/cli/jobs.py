@@ -169,7 +169,7 @@ def plot(
 
     from agentbolt.trainer.plots import plot_reward_curves
 
-    runs: dict[str, list[float]] = {}
+    runs: dict[str, list[float | None]] = {}
     try:
         for path in summaries:
             try:
@@ -181,8 +181,8 @@ def plot(
             name = path.parent.name if label == "dir" else str(summary.get(label, path.parent.name))
             if name in runs:
                 name = f"{name} ({path.parent.name})"
-            runs[name] = [float(x) for x in summary["train_reward"]]
-            console.print(f"{name}: {[round(r, 3) for r in runs[name]]}")
+            runs[name] = [None if x is None else float(x) for x in summary["train_reward"]]
+            console.print(f"{name}: {[None if r is None else round(r, 3) for r in runs[name]]}")
         plot_reward_curves(out, runs)
     except AgentboltError as exc:
         fail(exc)

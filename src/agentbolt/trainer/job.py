@@ -107,6 +107,7 @@ def step_row(result: StepResult) -> dict[str, Any]:
         "n_unmatched": result.n_unmatched,
         "causes": result.causes,
         "n_truncated": result.n_truncated,
+        "untrainable_calls": result.untrainable_calls,
         "n_calls": result.n_calls,
         "update_skipped": skipped_update_reason(result),
     }
@@ -381,14 +382,14 @@ async def _run_job(
                     keep_going=lambda step: not watch.tripped and (seams.keep_going is None or seams.keep_going(step)),
                 )
                 timing["train"] = timing.get("train", 0.0) + time.perf_counter() - t_train
-                if watch.tripped:
+                if watch.failed:
                     pass  # nothing was trained: no checkpoint, no evaluation; the summary below says why
                 elif results and (done := results[-1].train_step) < grpo.steps and done % config.checkpoint.every:
                     await checkpointer.save(done)  # stopped early (keep_going) between checkpoints
                 last = checkpointer.written[-1] if checkpointer.written else None
                 if last is None and resume_info is not None and resume_info.step >= grpo.steps:
                     last = resume_info.path  # every step was done before the stop: only the evaluation is left
-                if val_sets and config.eval_after and "val_after" not in job and not watch.tripped:
+                if val_sets and config.eval_after and "val_after" not in job and not watch.failed:
                     t1 = time.perf_counter()
                     job["val_after"] = await evaluate("eval after", "after")
                     timing["eval_after"] = time.perf_counter() - t1
@@ -428,7 +429,7 @@ async def _run_job(
         summary["val_accuracy_after"],
     )
     _print_summary(console, summary)
-    if watch.tripped:
+    if watch.failed:
         raise NothingToTrain(watch.report(store=str(config.out_dir / "store.db")))
     _print_next_steps(console, config, summary)
     return summary
@@ -575,7 +576,7 @@ def _print_summary(console: Console, summary: dict[str, Any]) -> None:
     if before or after:
         console.print(table)
     console.print(
-        f"train reward per step: {[round(r, 3) for r in summary['train_reward']]}  "
+        f"train reward per step: {[None if r is None else round(r, 3) for r in summary['train_reward']]}  "
         f"rollouts: {summary['n_rollouts']}  transitions: {summary['n_transitions']}  "
         f"wall: {summary['wall_seconds']:.0f}s"
         + (

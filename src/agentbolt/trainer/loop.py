@@ -141,6 +141,7 @@ class StepResult:
         causes / cause_details: rollouts not trained (failed and infrastructure) by cause
             (:mod:`agentbolt.adapter.causes`), and the first detail seen per cause.
         n_truncated / n_calls: trained calls cut at ``max_tokens``, and all trained calls.
+        untrainable_calls: answered calls of the trained rollouts recorded as untrainable, by reason (left out).
     """
 
     train_step: int
@@ -165,6 +166,7 @@ class StepResult:
     cause_details: dict[str, str] = field(default_factory=dict)
     n_truncated: int = 0
     n_calls: int = 0
+    untrainable_calls: dict[str, int] = field(default_factory=dict)
 
     @property
     def n_infra_failed(self) -> int:
@@ -177,11 +179,15 @@ class StepResult:
         return sum(self.dropped_by_agent.values())
 
     @property
-    def reward_mean(self) -> float:
-        return statistics.fmean(self.rewards) if self.rewards else 0.0
+    def reward_mean(self) -> float | None:
+        """Mean reward of the step's scored rollouts; ``None`` when none was scored (not a reward of 0)."""
+        return statistics.fmean(self.rewards) if self.rewards else None
 
     @property
-    def reward_std(self) -> float:
+    def reward_std(self) -> float | None:
+        """Population standard deviation of those rewards (0.0 for one); ``None`` when none was scored."""
+        if not self.rewards:
+            return None
         return statistics.pstdev(self.rewards) if len(self.rewards) > 1 else 0.0
 
 
@@ -575,6 +581,7 @@ class RLTrainer:
             causes=selection.causes,
             cause_details=selection.cause_details,
             n_truncated=selection.n_truncated,
+            untrainable_calls=dict(selection.untrainable_calls),
             n_calls=selection.n_calls,
         )
         if self.agent_match is not None:
@@ -742,8 +749,6 @@ class RLTrainer:
     def _metrics(result: StepResult) -> list[Metric]:
         now = time.time()
         values = {
-            "train_reward_mean": result.reward_mean,
-            "train_reward_std": result.reward_std,
             "rollout_s": result.rollout_s,
             "update_s": result.update_s,
             "n_rollouts": float(result.n_rollouts),
@@ -756,6 +761,9 @@ class RLTrainer:
             "n_unmatched_rollouts": float(result.n_unmatched),
             "wait_s": result.wait_s,
         }
+        if result.reward_mean is not None and result.reward_std is not None:  # a step with no scored rollout has none
+            values["train_reward_mean"] = result.reward_mean
+            values["train_reward_std"] = result.reward_std
         if result.staleness is not None:
             values["staleness_mean"] = result.staleness.mean_staleness
             values["n_stale_dropped"] = float(result.staleness.n_dropped)

@@ -3,17 +3,21 @@ curves side by side (``agentbolt plot``)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from agentbolt.errors import ConfigError
 
 
-def plot_reward_curves(path: Path, runs: dict[str, list[float]], *, title: str = "train reward per step") -> None:
+def plot_reward_curves(
+    path: Path, runs: dict[str, list[float | None]], *, title: str = "train reward per step"
+) -> None:
     """Write one figure with a train-reward curve per run (e.g. one run per advantage estimator).
 
     Args:
         path: the PNG to write.
-        runs: ``label -> mean train reward of each step`` (step 1 first).
+        runs: ``label -> mean train reward of each step`` (step 1 first; ``None`` for a step with no scored
+            rollout: a gap in the curve).
         title: the figure's title.
 
     Raises:
@@ -28,7 +32,7 @@ def plot_reward_curves(path: Path, runs: dict[str, list[float]], *, title: str =
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, rewards in runs.items():
-        ax.plot(list(range(1, len(rewards) + 1)), rewards, marker="o", label=label)
+        ax.plot(list(range(1, len(rewards) + 1)), _gaps(rewards), marker="o", label=label)
     ax.set_xlabel("train step")
     ax.set_ylabel("mean train reward")
     ax.set_title(title)
@@ -40,7 +44,7 @@ def plot_reward_curves(path: Path, runs: dict[str, list[float]], *, title: str =
 
 
 def plot_reward_curve(
-    path: Path, train_reward: list[float], val_before: dict[str, float], val_after: dict[str, float]
+    path: Path, train_reward: list[float | None], val_before: dict[str, float], val_after: dict[str, float]
 ) -> None:
     """Write the demo's figure: train reward per step (left), validation accuracy before/after per set (right)."""
     import matplotlib
@@ -50,7 +54,7 @@ def plot_reward_curve(
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     steps = list(range(1, len(train_reward) + 1))
-    ax1.plot(steps, train_reward, marker="o")
+    ax1.plot(steps, _gaps(train_reward), marker="o")
     ax1.set_xlabel("train step")
     ax1.set_ylabel("mean train reward (shaped)")
     ax1.set_title("train reward")
@@ -68,3 +72,8 @@ def plot_reward_curve(
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _gaps(values: list[float | None]) -> list[float]:
+    """``values`` with ``None`` as NaN (matplotlib leaves a gap there)."""
+    return [math.nan if v is None else float(v) for v in values]

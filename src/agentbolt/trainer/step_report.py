@@ -64,6 +64,10 @@ def step_line(result: StepResult) -> str:
         parts.append("failed 0")
     if result.n_truncated:
         parts.append(f"truncated {result.n_truncated}/{result.n_calls} calls at max_tokens")
+    if result.untrainable_calls:
+        n = sum(result.untrainable_calls.values())
+        reason, _ = max(result.untrainable_calls.items(), key=lambda kv: kv[1])
+        parts.append(f"untrainable calls {n} (left out; e.g. {reason})")
     if result.staleness is not None:
         parts.append(f"staleness {result.staleness.mean_staleness:.2f} dropped {result.staleness.n_dropped}")
     skipped = skipped_update_reason(result)
@@ -82,6 +86,7 @@ class FailureWatch:
         causes / details: rollouts per cause over the run, and the first detail seen per cause.
         n_truncated / n_calls: trained calls cut at ``max_tokens``, and all trained calls, over the run.
         empty_streak: consecutive steps, up to the last one seen, without a trainable trajectory.
+        steps_seen: steps counted (this process's).
         unscoped_calls: reads how many LLM calls have reached the server's root ``/v1/chat/completions`` so far
             (recorded nowhere: an agent that ignored ``llm.endpoint``); ``None`` when the server is not in reach.
         unscoped_total / unscoped_last_step: such calls over the run, and during the last step seen.
@@ -94,6 +99,7 @@ class FailureWatch:
     n_calls: int = 0
     n_rollouts: int = 0
     empty_streak: int = 0
+    steps_seen: int = 0
     unscoped_calls: Callable[[], int] | None = None
     unscoped_total: int = 0
     unscoped_last_step: int = 0
@@ -112,11 +118,23 @@ class FailureWatch:
         self.n_calls += result.n_calls
         self.n_rollouts += result.n_rollouts
         self.empty_streak = self.empty_streak + 1 if result.n_transitions == 0 else 0
+        self.steps_seen += 1
 
     @property
     def tripped(self) -> bool:
         """True once ``fail_after`` consecutive steps had no trainable trajectory."""
         return self.fail_after > 0 and self.empty_streak >= self.fail_after
+
+    @property
+    def nothing_trained(self) -> bool:
+        """True when every step seen had no trainable trajectory (a run shorter than ``fail_after`` steps that
+        trained nothing ends as a tripped one does; ``fail_after`` 0 turns this off too)."""
+        return self.fail_after > 0 and self.steps_seen > 0 and self.empty_streak == self.steps_seen
+
+    @property
+    def failed(self) -> bool:
+        """:attr:`tripped`, or the run ended with :attr:`nothing_trained`."""
+        return self.tripped or self.nothing_trained
 
     def to_summary(self) -> dict[str, Any]:
         """The run's failure figures, for ``summary.json``."""
@@ -125,7 +143,7 @@ class FailureWatch:
             "failure_examples": dict(self.details),
             "truncated_calls": self.n_truncated,
             "trained_calls": self.n_calls,
-            "stopped_for_failures": self.tripped,
+            "stopped_for_failures": self.failed,
             "unscoped_gateway_calls": self.unscoped_total,
         }
 
@@ -141,10 +159,12 @@ class FailureWatch:
     def report(self, store: str = "sqlite:///OUT/store.db") -> str:
         """A one-screen summary of the causes: count, an example and what to do, most frequent first; ``store``
         is named in the closing ``agentbolt rollouts`` command."""
-        lines = [
-            f"no trainable trajectory in {self.empty_streak} consecutive steps (grpo.fail_after={self.fail_after}); "
-            f"the job stopped. Causes over {self.n_rollouts} rollouts:"
-        ]
+        if self.tripped:
+            streak, limit = self.empty_streak, self.fail_after
+            head = f"no trainable trajectory in {streak} consecutive steps (grpo.fail_after={limit})"
+        else:
+            head = f"no trainable trajectory in any of the {self.steps_seen} steps run: nothing was trained"
+        lines = [f"{head}; the job stopped. Causes over {self.n_rollouts} rollouts:"]
         for cause, n in sorted(self.causes.items(), key=lambda kv: -kv[1])[:8]:
             detail = self.details.get(cause, "")
             lines.append(f"  {cause} x{n}" + (f": {detail[:300]}" if detail else ""))
