@@ -421,3 +421,29 @@ def test_running_batch_buffers_keep_every_row_exact_through_joins_ends_trims_and
             assert finished.generated == logits.argmax(dim=-1).tolist()
             expected = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(finished.generated).unsqueeze(1))
             assert torch.allclose(torch.tensor(finished.logprobs), expected.squeeze(1), atol=1e-3, rtol=0)
+
+
+def test_a_burst_counts_its_shared_prefix_as_cached_for_every_row_but_the_first(model_dir: Path) -> None:
+    """The burst's shared prefix is prefilled once on admission: the row that paid for it reports 0 cached prompt
+    ids, the others the prefix; a later row with the same prefix finds it cached."""
+    from transformers import AutoModelForCausalLM
+
+    from agentbolt.inference.continuous import PrefixCache, Row, RunningBatch
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    generator = torch.Generator().manual_seed(1)
+    prefix = torch.randint(100, 40_000, (40,), generator=generator).tolist()
+
+    def row() -> Row:
+        return Row(
+            None, prefix + torch.randint(100, 40_000, (5,), generator=generator).tolist(), 2, 0.0, 1.0, 0, frozenset()
+        )
+
+    batch = RunningBatch(model, torch.device("cpu"), 0, PrefixCache(2**28))
+    with torch.inference_mode():
+        burst = [row(), row(), row()]
+        batch.admit(burst)
+        assert [r.cached_prefix for r in burst] == [0, 40, 40]
+        later = row()
+        batch.admit([later])
+        assert later.cached_prefix == 40
