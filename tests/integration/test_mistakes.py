@@ -40,6 +40,19 @@ grpo:
 """
 
 
+def _train(config: Path, out: Path, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], str]:
+    """``agentbolt train CONFIG --out OUT`` in a subprocess: the finished process and its stdout + stderr."""
+    job = subprocess.run(
+        [sys.executable, "-m", "agentbolt.cli.main", "train", str(config), "--out", str(out)],
+        cwd=REPO,
+        env={**env, "COLUMNS": "250"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return job, job.stdout + job.stderr
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -54,15 +67,7 @@ def test_each_mistake_is_named_and_the_job_fails(tmp_path: Path, smollm2_dir: Pa
     config.write_text(CONFIG.format(tasks=tasks))
     out = tmp_path / "run"
     env = {**os.environ, "AGENTBOLT_CACHE": str(smollm2_dir.parent.parent), "COLUMNS": "250"}
-    job = subprocess.run(
-        [sys.executable, "-m", "agentbolt.cli.main", "train", str(config), "--out", str(out)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    text = job.stdout + job.stderr
+    job, text = _train(config, out, env)
     assert job.returncode == 1, text
     assert "Traceback" not in text, text
     # the step lines and the one-screen summary name every cause, with an example and what to do
@@ -142,16 +147,7 @@ def test_a_one_step_run_that_trained_nothing_fails_with_its_causes(tmp_path: Pat
         CONFIG.format(tasks=tasks).replace("steps: 4", "steps: 1").replace("tasks_per_step: 6", "tasks_per_step: 2")
     )
     out = tmp_path / "run"
-    env = {**os.environ, "AGENTBOLT_CACHE": str(smollm2_dir.parent.parent), "COLUMNS": "250"}
-    job = subprocess.run(
-        [sys.executable, "-m", "agentbolt.cli.main", "train", str(config), "--out", str(out)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    text = job.stdout + job.stderr
+    job, text = _train(config, out, {**os.environ, "AGENTBOLT_CACHE": str(smollm2_dir.parent.parent)})
     assert job.returncode == 1, text
     assert "no trainable trajectory in any of the 1 steps run: nothing was trained" in text
     assert "ValueError: the agent tripped on purpose" in text and "Traceback" not in text
