@@ -86,3 +86,22 @@ def test_uninstall_gives_the_plain_forward_back() -> None:
         model(torch.randn(2, 512, dtype=torch.bfloat16))
     packed_linear.uninstall(model)
     assert all("forward" not in m.__dict__ and packed_linear._ATTRIBUTE not in m.__dict__ for m in model)
+
+
+def test_a_layer_that_cannot_be_packed_stays_plain(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _model()
+    packed_linear.install(model)
+    x = torch.randn(4, 512, dtype=torch.bfloat16)
+    calls = []
+
+    def broken(*args: object) -> None:
+        calls.append(args)
+        raise RuntimeError("no bf16 reorder on this CPU")
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", broken)
+    with torch.inference_mode():
+        plain = model(x)
+        with packed_linear.packed_linears():
+            assert torch.equal(model(x), plain)
+            assert torch.equal(model(x), plain)
+    assert len(calls) == 2  # tried once per packable layer, then left plain

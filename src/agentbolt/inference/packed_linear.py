@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -35,7 +36,10 @@ BATCH_HINT = 16
 """Rows oneDNN is told to expect when a weight is reordered (it works for any number of rows)."""
 
 _ATTRIBUTE = "_agentbolt_packed"
+_FAILED = ("failed",)
+"""Stored instead of a packed copy when packing failed for a layer: it keeps the plain forward from then on."""
 _state = threading.local()
+logger = logging.getLogger(__name__)
 
 
 def available(device: torch.device | str = "cpu") -> bool:
@@ -107,7 +111,15 @@ def _forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.linear(x, weight, module.bias)
     identity = (weight.data_ptr(), weight._version)
     entry = module.__dict__.get(_ATTRIBUTE)
-    if entry is None or entry[0] != identity:
-        entry = (identity, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), BATCH_HINT))
-        module.__dict__[_ATTRIBUTE] = entry
-    return torch.ops.mkldnn._linear_pointwise(x, entry[1], module.bias, "none", [], "")
+    if entry is _FAILED:
+        return torch.nn.functional.linear(x, weight, module.bias)
+    try:
+        if entry is None or entry[0] != identity:
+            entry = (identity, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), BATCH_HINT))
+            module.__dict__[_ATTRIBUTE] = entry
+        return torch.ops.mkldnn._linear_pointwise(x, entry[1], module.bias, "none", [], "")
+    except RuntimeError as exc:  # a oneDNN build or CPU that reports bf16 support but cannot run this: stay plain
+        shape = tuple(weight.shape)
+        logger.warning("prepacked bf16 linear unavailable (%s); the plain linear runs for %s", exc, shape)
+        module.__dict__[_ATTRIBUTE] = _FAILED
+        return torch.nn.functional.linear(x, weight, module.bias)
