@@ -154,3 +154,6 @@ def test_a_one_step_run_that_trained_nothing_fails_with_its_causes(tmp_path: Pat
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stopped_for_failures"] is True and summary["train_reward"] == [None]
     assert summary["failure_causes"] == {"agent_exception": 4}
+    # no checkpoint of the untrained weights, so a --resume cannot turn this run into a finished "success"
+    assert summary["checkpoints"] == [] and not list((out / "checkpoints").glob("step-*"))
+    assert "no checkpoint was written by this run (nothing was trained)" in text

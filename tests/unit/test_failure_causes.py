@@ -174,6 +174,7 @@ def test_a_run_shorter_than_fail_after_that_trained_nothing_fails_too() -> None:
     watch.add(_result(**empty))  # the run's only step: nothing trainable
     assert not watch.tripped and watch.nothing_trained and watch.failed
     assert watch.report().startswith("no trainable trajectory in any of the 1 steps run: nothing was trained")
+    assert "no checkpoint was written by this run (nothing was trained)" in watch.report()
     assert watch.to_summary()["stopped_for_failures"] is True
     watch.add(_result())
     assert not watch.failed  # one step trained

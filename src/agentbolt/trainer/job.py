@@ -364,6 +364,11 @@ async def _run_job(
             if seams.on_step is not None:
                 seams.on_step(result)
 
+        async def after_step(result: StepResult) -> None:
+            if watch.nothing_trained:  # a checkpoint now would hold the weights this run started from
+                return
+            await checkpointer.after_step(result)
+
         timing = job["timing_s"]
         try:
             with progress:
@@ -378,7 +383,7 @@ async def _run_job(
                     first_step=first_step,
                     on_step_start=lambda step, total: tracker(f"step {step}: rollouts", total),
                     on_step_end=record,
-                    after_step=checkpointer.after_step,
+                    after_step=after_step,
                     keep_going=lambda step: not watch.tripped and (seams.keep_going is None or seams.keep_going(step)),
                 )
                 timing["train"] = timing.get("train", 0.0) + time.perf_counter() - t_train

@@ -176,4 +176,9 @@ class FailureWatch:
         if not self.causes:
             lines.append("  (no rollout failed: every rollout was left out by agent_match or had no trainable call)")
         lines.append(f"see them with: agentbolt rollouts --store {store}")
+        if self.nothing_trained:
+            lines.append(
+                "no checkpoint was written by this run (nothing was trained): fix the cause, then run again with "
+                "--overwrite (or --resume, to go on from an earlier run's checkpoint)"
+            )
         return "\n".join(lines)
