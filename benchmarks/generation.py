@@ -112,7 +112,7 @@ minutes on two cores) and unpacks its source, with llama.cpp's converter, into `
 
 Usage::
 
-    .venv/bin/python benchmarks/generation.py --quick --out /tmp/gen-quick.jsonl         # smoke: smollm2, c=1,4
+    .venv/bin/python benchmarks/generation.py --quick --out /tmp/gen-quick.jsonl         # smoke: smollm2, c=1,4, ~30 s
     .venv/bin/python benchmarks/generation.py            # all arms, qwen2.5-0.5b, c=1,4,8,16,32 (~15 min)
     .venv/bin/python benchmarks/generation.py --arms gateway-continuous,gateway-generate --concurrency 8,16
 """
@@ -1061,7 +1061,9 @@ def print_table(args: argparse.Namespace, lines: list[dict[str, Any]], roof: dic
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--model", default="qwen2.5-0.5b", help="embedded model name (or a HF model directory)")
-    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    parser.add_argument(
+        "--arms", help=f"comma-separated, of {', '.join(ARMS)} (default all; gateway-continuous with --quick)"
+    )
     parser.add_argument("--concurrency", default="1,4,8,16,32", help="comma-separated levels")
     parser.add_argument("--requests-per-level", type=int, help="requests per level (default max(2c, 8))")
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -1079,7 +1081,11 @@ def main() -> None:
     parser.add_argument("--bandwidth-gib", type=float, default=1.0, help="size of the bandwidth probe's tensor")
     parser.add_argument("--bandwidth-repeats", type=int, default=7)
     parser.add_argument("--timeout-s", type=float, default=3600, help="per gateway request")
-    parser.add_argument("--quick", action="store_true", help="smoke run: smollm2-135m, c=1,4, 8 requests, 16 tokens")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run (about 30 s): smollm2-135m, c=1,4, 8 requests, 16 tokens, gateway-continuous unless --arms",
+    )
     parser.add_argument("--out", help="JSONL file to append to (default benchmarks/results/generation-<date>.jsonl)")
     parser.add_argument(
         "--clients",
@@ -1095,6 +1101,8 @@ def main() -> None:
     if args.quick:
         args.model, args.concurrency, args.requests_per_level, args.max_tokens = "smollm2-135m", "1,4", 8, 16
         args.bandwidth_gib = min(args.bandwidth_gib, 0.25)
+        args.arms = args.arms or "gateway-continuous"
+    args.arms = args.arms or ",".join(ARMS)
     args.levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
     args.arm_list = [x.strip() for x in args.arms.split(",") if x.strip()]
     unknown = [x for x in args.arm_list if x not in ARMS]

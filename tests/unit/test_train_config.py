@@ -106,6 +106,16 @@ def test_plot_draws_one_curve_per_run(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["plot", *paths, "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert "grpo: [0.1, 0.5, 0.9]" in result.output and out.stat().st_size > 10_000
+    # two runs with the same estimator: both curves say their folder (the first one did not); a null step is a gap
+    paths = []
+    for name, rewards in (("raise1", [None]), ("two2", [0.345, 0.875])):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "summary.json").write_text(json.dumps({"advantage_estimator": "grpo", "train_reward": rewards}))
+        paths.append(str(run / "summary.json"))
+    result = CliRunner().invoke(app, ["plot", *paths, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "grpo (raise1): [None]" in result.output and "grpo (two2): [0.345, 0.875]" in result.output
     (tmp_path / "bad.json").write_text("{}")
     result = CliRunner().invoke(app, ["plot", str(tmp_path / "bad.json"), "--out", str(out)])
     assert result.exit_code == 2 and "no train_reward" in result.output

@@ -169,7 +169,7 @@ def plot(
 
     from agentbolt.trainer.plots import plot_reward_curves
 
-    runs: dict[str, list[float | None]] = {}
+    read: list[tuple[str, Path, list[float | None]]] = []
     try:
         for path in summaries:
             try:
@@ -179,10 +179,16 @@ def plot(
             if not isinstance(summary, dict) or "train_reward" not in summary:
                 raise AgentboltError(f"{path} is not a summary.json of agentbolt train (no train_reward)")
             name = path.parent.name if label == "dir" else str(summary.get(label, path.parent.name))
-            if name in runs:
+            read.append((name, path, [None if x is None else float(x) for x in summary["train_reward"]]))
+        names = [name for name, _, _ in read]
+        runs: dict[str, list[float | None]] = {}
+        for name, path, rewards in read:
+            if names.count(name) > 1:  # the same label for several runs: every one of them says its folder
                 name = f"{name} ({path.parent.name})"
-            runs[name] = [None if x is None else float(x) for x in summary["train_reward"]]
-            console.print(f"{name}: {[None if r is None else round(r, 3) for r in runs[name]]}")
+            while name in runs:
+                name = f"{name} ({path.parent})"
+            runs[name] = rewards
+            console.print(f"{name}: {[None if r is None else round(r, 3) for r in rewards]}")
         plot_reward_curves(out, runs)
     except AgentboltError as exc:
         fail(exc)

@@ -553,8 +553,12 @@ def _print_next_steps(console: Console, config: TrainConfig, summary: dict[str, 
     console.print("next:")
     checkpoint = shlex.quote(str(chosen.path))
     console.print(f"  agentbolt serve --model {model} --adapter {checkpoint}   # serve it")
+    split: str | None = None
     with contextlib.suppress(ConfigError):
         split = "test" if hasattr(load_tasks_module(config.tasks), "load_test_tasks") else "val"
+    if split == "val" and not (summary.get("val_accuracy_before") or summary.get("val_accuracy_after")):
+        split = None  # no validation set (val_size 0, or a tasks file without val_tasks): nothing for eval to score
+    if split is not None:
         config_yaml = shlex.quote(str(chosen.path / "config.yaml"))
         here = shlex.quote(str(Path.cwd()))  # the agent (and a tasks module) import from the job's folder
         console.print(

@@ -29,10 +29,12 @@ def plot_reward_curves(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, rewards in runs.items():
         ax.plot(list(range(1, len(rewards) + 1)), _gaps(rewards), marker="o", label=label)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax.set_xlabel("train step")
     ax.set_ylabel("mean train reward")
     ax.set_title(title)
@@ -51,10 +53,12 @@ def plot_reward_curve(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     steps = list(range(1, len(train_reward) + 1))
     ax1.plot(steps, _gaps(train_reward), marker="o")
+    ax1.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax1.set_xlabel("train step")
     ax1.set_ylabel("mean train reward (shaped)")
     ax1.set_title("train reward")
