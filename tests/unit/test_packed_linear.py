@@ -3,6 +3,7 @@ inside the context and only in the thread that entered it, repacked after an in-
 
 from __future__ import annotations
 
+import copy
 import threading
 
 import pytest
@@ -27,7 +28,7 @@ def test_packed_results_equal_the_plain_ones_bit_for_bit() -> None:
     assert packed_linear.install(model) == 2  # idempotent
     with torch.inference_mode():
         model(torch.randn(3, 512, dtype=torch.bfloat16))
-    assert all(packed_linear._ATTRIBUTE not in m.__dict__ for m in model)  # outside the context: plain
+    assert all(m not in packed_linear._packed for m in model)  # outside the context: plain
     for rows in (1, 16, 300):
         x = torch.randn(rows, 512, dtype=torch.bfloat16)
         with torch.inference_mode():
@@ -35,7 +36,7 @@ def test_packed_results_equal_the_plain_ones_bit_for_bit() -> None:
             with packed_linear.packed_linears():
                 packed = model(x)
         assert torch.equal(plain, packed)
-    assert packed_linear._ATTRIBUTE in model[0].__dict__ and packed_linear._ATTRIBUTE not in model[3].__dict__
+    assert model[0] in packed_linear._packed and model[3] not in packed_linear._packed
 
 
 def test_other_threads_and_autograd_use_the_plain_weights() -> None:
@@ -46,7 +47,7 @@ def test_other_threads_and_autograd_use_the_plain_weights() -> None:
 
     def elsewhere() -> None:
         model(x)
-        seen.append(packed_linear._ATTRIBUTE in model[0].__dict__)
+        seen.append(model[0] in packed_linear._packed)
 
     with packed_linear.packed_linears():
         thread = threading.Thread(target=elsewhere)
@@ -79,13 +80,27 @@ def test_a_weight_changed_in_place_is_packed_again() -> None:
             assert torch.equal(model(x), plain)
 
 
+def test_a_model_with_packed_copies_can_be_deep_copied() -> None:
+    """The trainer deep-copies the served model (trainer/local.py, weight_sync.py) after it has generated."""
+    model = _model()
+    packed_linear.install(model)
+    x = torch.randn(2, 512, dtype=torch.bfloat16)
+    with torch.inference_mode(), packed_linear.packed_linears():
+        expected = model(x)
+    twin = copy.deepcopy(model)
+    assert twin[0] not in packed_linear._packed  # packed again on its own first use
+    with torch.inference_mode(), packed_linear.packed_linears():
+        assert torch.equal(twin(x), expected)
+    assert twin[0] in packed_linear._packed
+
+
 def test_uninstall_gives_the_plain_forward_back() -> None:
     model = _model()
     packed_linear.install(model)
     with packed_linear.packed_linears():
         model(torch.randn(2, 512, dtype=torch.bfloat16))
     packed_linear.uninstall(model)
-    assert all("forward" not in m.__dict__ and packed_linear._ATTRIBUTE not in m.__dict__ for m in model)
+    assert all("forward" not in m.__dict__ and m not in packed_linear._packed for m in model)
 
 
 def test_a_layer_that_cannot_be_packed_stays_plain(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -24,6 +24,7 @@ import contextlib
 import functools
 import logging
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,7 +36,9 @@ MIN_PACKED_ELEMENTS = 65_536
 BATCH_HINT = 16
 """Rows oneDNN is told to expect when a weight is reordered (it works for any number of rows)."""
 
-_ATTRIBUTE = "_agentbolt_packed"
+_packed: weakref.WeakKeyDictionary[torch.nn.Module, tuple[Any, ...]] = weakref.WeakKeyDictionary()
+"""Linear -> ``(identity, packed weight)``. Kept outside the modules: ``copy.deepcopy`` of a model (the trainer copies
+the served one) cannot copy oneDNN's opaque tensors."""
 _FAILED = ("failed",)
 """Stored instead of a packed copy when packing failed for a layer: it keeps the plain forward from then on."""
 _state = threading.local()
@@ -91,7 +94,7 @@ def uninstall(model: Any) -> None:
             forward = module.__dict__.get("forward")
             if isinstance(forward, functools.partial) and forward.func is _forward:
                 del module.forward
-            module.__dict__.pop(_ATTRIBUTE, None)
+            _packed.pop(module, None)
 
 
 def forget_trainable(model: Any) -> None:
@@ -100,7 +103,7 @@ def forget_trainable(model: Any) -> None:
     base layers, keep theirs."""
     for module in model.modules():
         if isinstance(module, torch.nn.Linear) and module.weight.requires_grad:
-            module.__dict__.pop(_ATTRIBUTE, None)
+            _packed.pop(module, None)
 
 
 def _forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -110,16 +113,16 @@ def _forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if weight.is_inference():  # made under inference_mode: no version counter to tell a change by
         return torch.nn.functional.linear(x, weight, module.bias)
     identity = (weight.data_ptr(), weight._version)
-    entry = module.__dict__.get(_ATTRIBUTE)
+    entry = _packed.get(module)
     if entry is _FAILED:
         return torch.nn.functional.linear(x, weight, module.bias)
     try:
         if entry is None or entry[0] != identity:
             entry = (identity, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), BATCH_HINT))
-            module.__dict__[_ATTRIBUTE] = entry
+            _packed[module] = entry
         return torch.ops.mkldnn._linear_pointwise(x, entry[1], module.bias, "none", [], "")
     except RuntimeError as exc:  # a oneDNN build or CPU that reports bf16 support but cannot run this: stay plain
         shape = tuple(weight.shape)
         logger.warning("prepacked bf16 linear unavailable (%s); the plain linear runs for %s", exc, shape)
-        module.__dict__[_ATTRIBUTE] = _FAILED
+        _packed[module] = _FAILED
         return torch.nn.functional.linear(x, weight, module.bias)
