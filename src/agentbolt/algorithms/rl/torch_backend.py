@@ -57,6 +57,7 @@ from agentbolt.adapter.samples import TrainingSample, plan_micro_batches
 from agentbolt.algorithms.rl.losses import ppo_clip_loss, rollout_mean_weights
 from agentbolt.algorithms.rl.trainer_config import TorchTrainerConfig
 from agentbolt.errors import ConfigError
+from agentbolt.inference import packed_linear
 from agentbolt.inference.continuous import as_cache, cache_kwarg, cache_layers, common_prefix_length, output_cache
 
 if TYPE_CHECKING:
@@ -156,6 +157,9 @@ class TorchPolicyTrainer:
         if not isinstance(head, torch.nn.Module):
             raise ConfigError(f"{type(base).__name__} has no output embedding (lm_head) module")
         self._lm_head: torch.nn.Module = head
+        # On a CPU, LoRA layers run as one autograd function in the CPU's fast matmul dtype (float32 where bf16 is
+        # emulated): inference/lora_matmul.py. Idempotent; the served copy of the model gets the same forward.
+        packed_linear.install(model)
         self._params = [p for p in model.parameters() if p.requires_grad]
         if not self._params:
             raise ConfigError("the model has no trainable parameter; build it with attach_lora(model, config)")
