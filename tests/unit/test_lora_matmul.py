@@ -81,8 +81,8 @@ def test_bf16_base_with_float32_adapters_as_the_trainer_runs_it(monkeypatch: pyt
     layer.base_layer.to(torch.bfloat16)
     packed_linear.install(torch.nn.ModuleList([layer]))
     x = torch.randn(5, 256, dtype=torch.bfloat16)
-    peft_out = type(layer).forward(layer, x)
     monkeypatch.setenv(packed_linear.COMPUTE_ENV, "bf16")
+    peft_out = type(layer).forward(layer, x)  # its base layer: the plain bf16 linear
     assert torch.equal(layer(x), peft_out)
     monkeypatch.setenv(packed_linear.COMPUTE_ENV, "float32")
     out = layer(x)
@@ -95,3 +95,28 @@ def test_bf16_base_with_float32_adapters_as_the_trainer_runs_it(monkeypatch: pyt
     assert error.mean() <= (peft_out.double() - exact).abs().mean()
     out.float().square().sum().backward()  # gradients reach the adapter, not the base
     assert layer.lora_A["default"].weight.grad is not None and layer.base_layer.weight.grad is None
+
+
+def test_frozen_linear_gradient_and_the_installed_output_projection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A frozen layer (a LoRA policy's lm_head) outside generation: FrozenLinearFunction in float32 where the CPU
+    emulates bf16; the input's gradient matches finite differences and the output the bf16 matmul's within a unit."""
+    from agentbolt.inference.lora_matmul import frozen_linear
+
+    torch.manual_seed(2)
+    x = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)
+    weight, bias = torch.randn(4, 6, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
+    assert torch.autograd.gradcheck(lambda t: frozen_linear(t, weight, bias, torch.float64), (x,))
+
+    head = torch.nn.Linear(256, 1024, bias=False).to(torch.bfloat16).requires_grad_(False)
+    packed_linear.install(torch.nn.ModuleList([head]))
+    hidden = torch.randn(8, 256, dtype=torch.bfloat16, requires_grad=True)
+    plain = torch.nn.functional.linear(hidden, head.weight)
+    monkeypatch.setenv(packed_linear.COMPUTE_ENV, "float32")
+    out = head(hidden)
+    assert out.grad_fn is not None and "FrozenLinearFunction" in type(out.grad_fn).__name__
+    unit = torch.finfo(torch.bfloat16).eps * plain.detach().float().abs().clamp_min(2.0**-100)
+    assert bool(((out.detach().float() - plain.detach().float()).abs() <= unit).all())
+    out.float().sum().backward()
+    assert hidden.grad is not None
+    expected = head.weight.float().sum(0).expand(8, -1)
+    assert torch.allclose(hidden.grad.float(), expected, rtol=1e-2, atol=1e-2)

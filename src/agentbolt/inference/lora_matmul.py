@@ -99,3 +99,37 @@ def lora_linear(
     out = LoRALinearFunction.apply(x, weight, bias, lora_A, lora_B, scaling, compute)
     assert isinstance(out, torch.Tensor)
     return out
+
+
+class FrozenLinearFunction(torch.autograd.Function):
+    """``y = x W^T + b`` with a frozen ``W``/``b``, the matmuls in ``compute``, rounded once to ``x``'s dtype.
+
+    ``apply(x, weight, bias, compute)``; backward ``dL/dx = g W`` (in ``compute``); no gradient for ``W`` or ``b``.
+    Used for the output projection of a LoRA policy on a CPU that emulates bf16 (Qwen2.5-0.5B's is 151,936 x 896:
+    the largest matmul of an update).
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]  # pyright: ignore[reportIncompatibleMethodOverride]
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, compute: torch.dtype
+    ) -> torch.Tensor:
+        ctx.save_for_backward(weight)
+        ctx.compute = compute
+        bias_O = None if bias is None else bias.to(compute)
+        return torch.nn.functional.linear(x.to(compute), weight.to(compute), bias_O).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # pyright: ignore[reportIncompatibleMethodOverride]
+        (weight,) = ctx.saved_tensors
+        g = grad_outputs[0]
+        grad_x = (g.to(ctx.compute) @ weight.to(ctx.compute)).to(g.dtype) if ctx.needs_input_grad[0] else None
+        return grad_x, None, None, None
+
+
+def frozen_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, compute: torch.dtype
+) -> torch.Tensor:
+    """:class:`FrozenLinearFunction` applied."""
+    out = FrozenLinearFunction.apply(x, weight, bias, compute)
+    assert isinstance(out, torch.Tensor)
+    return out

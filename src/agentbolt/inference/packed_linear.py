@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from agentbolt.inference.lora_matmul import lora_linear
+from agentbolt.inference.lora_matmul import frozen_linear, lora_linear
 
 MIN_PACKED_ELEMENTS = 65_536
 """Weights with fewer elements keep the plain forward (a LoRA rank-16 matrix of a 896-wide layer has 14,336)."""
@@ -152,8 +152,14 @@ def forget_trainable(model: Any) -> None:
 
 
 def _forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    if not getattr(_state, "on", False) or x.dtype != torch.bfloat16:
+    if x.dtype != torch.bfloat16:
         return torch.nn.functional.linear(x, module.weight, module.bias)
+    if not getattr(_state, "on", False):
+        # the trainer's forward (and backward): a frozen layer (a LoRA policy's output projection) multiplies in
+        # float32 where the CPU emulates bf16, rounded once to bf16 as the bf16 matmul rounds
+        if module.weight.requires_grad or compute_dtype() != torch.float32:
+            return torch.nn.functional.linear(x, module.weight, module.bias)
+        return frozen_linear(x, module.weight, module.bias, torch.float32)
     weight = module.weight
     if weight.is_inference():  # made under inference_mode: no version counter to tell a change by
         return torch.nn.functional.linear(x, weight, module.bias)
