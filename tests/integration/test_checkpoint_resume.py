@@ -93,7 +93,7 @@ runner_concurrency: 4
 grpo:
   steps: 3
   tasks_per_step: 2
-  group_size: 2
+  group_size: 4  # four answers: a group whose rewards all tie (no step) is rare; with two, CI saw one
   max_tokens: 24
 checkpoint:
   every: 1
@@ -239,7 +239,7 @@ def test_sigkill_mid_step_then_resume(tmp_path: Path, smollm2_dir: Path, monkeyp
     assert per_step == [(1, 1), (2, 1), (3, 1)]
     assert json.loads((out / "summary.json").read_text())["step_numbers"] == [1, 2, 3]
     enqueued = _rows(db, "SELECT json_extract(metadata, '$.train_step'), COUNT(*) FROM rollouts GROUP BY 1 ORDER BY 1")
-    assert enqueued[0] == (1, 4) and enqueued[-1] == (3, 4)  # step 1 never ran again; step 2 twice (killed + resumed)
+    assert enqueued[0] == (1, 8) and enqueued[-1] == (3, 8)  # step 1 never ran again; step 2 twice (killed + resumed)
     assert _rows(db, "SELECT COUNT(*) FROM rollouts WHERE status NOT IN ('succeeded', 'failed', 'cancelled')") == [(0,)]
     assert _rows(db, "SELECT COUNT(*) FROM rollouts WHERE status = 'cancelled'")[0][0] == open_before[0][0]
 
@@ -402,6 +402,6 @@ def test_ctrl_c_stops_the_job_cleanly_and_names_the_resume_command(tmp_path: Pat
     assert by_status.get("cancelled", 0) >= 1, by_status  # the one seen running, at least
     assert set(by_status) <= {"cancelled", "succeeded", "failed"}, by_status  # none left queuing or running
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["stopped"] is True and summary["step_numbers"] == [] and summary["n_rollouts"] == 4
+    assert summary["stopped"] is True and summary["step_numbers"] == [] and summary["n_rollouts"] == 8
     assert summary["rollouts_cancelled"] == by_status["cancelled"]
     assert "unfinished rollouts cancelled" in text

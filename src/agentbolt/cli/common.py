@@ -21,6 +21,22 @@ from rich.markup import escape
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
 
+
+def print_table(renderable: Any) -> None:
+    """Print a table on stdout: at the terminal's width on a terminal, at its own full width when piped or
+    redirected (rich would cut it to 80 columns there unless ``COLUMNS`` is set)."""
+    if console.is_terminal or os.environ.get("COLUMNS"):
+        console.print(renderable)
+        return
+    wide = console.options.update(max_width=10_000)
+    width, before = console.measure(renderable, options=wide).maximum, console.width
+    console.width = max(width, before)  # print's own width= is capped at the console's
+    try:
+        console.print(renderable)
+    finally:
+        console.width = before
+
+
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 """The signals that stop a job (Ctrl-C sends SIGINT to the terminal's whole process group)."""
 

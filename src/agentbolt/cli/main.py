@@ -11,7 +11,7 @@ import typer
 from pydantic import ValidationError
 
 from agentbolt.cli import jobs
-from agentbolt.cli.common import console, fail
+from agentbolt.cli.common import console, fail, print_table
 from agentbolt.errors import AgentboltError
 
 app = typer.Typer(
@@ -439,7 +439,7 @@ def rollouts(
             for row in rows:
                 typer.echo(json.dumps(row.to_json(), ensure_ascii=False))
         else:
-            console.print(render_rows(rows))
+            print_table(render_rows(rows))
 
     try:
         asyncio.run(main())
