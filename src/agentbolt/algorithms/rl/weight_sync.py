@@ -75,6 +75,7 @@ def apply_adapter(serving_model: torch.nn.Module, adapter_dir: str | Path) -> in
             architecture).
     """
     import copy
+    import warnings
 
     from peft import PeftModel
 
@@ -84,7 +85,10 @@ def apply_adapter(serving_model: torch.nn.Module, adapter_dir: str | Path) -> in
     folder = Path(adapter_dir)
     check_adapter_files(folder)
     try:
-        peft_model = PeftModel.from_pretrained(copy.deepcopy(serving_model), str(folder))
+        with warnings.catch_warnings():
+            # peft asks transformers >= 5 through a deprecated name; the warning is theirs, not the user's
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            peft_model = PeftModel.from_pretrained(copy.deepcopy(serving_model), str(folder))
         return load_weights(serving_model, merged_lora_weights(peft_model))
     except (KeyError, ValueError, RuntimeError) as exc:
         raise ConfigError(
