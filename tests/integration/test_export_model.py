@@ -106,6 +106,7 @@ class Trained:
     stop_ids: list[int]
     served: list[list[list[int]]]  # per prompt: [prompt ids, response ids]
     base_disagrees: list[bool]  # per prompt: the base model's greedy choice differs somewhere in the response
+    base_max_gap: float  # the largest gap between the base model's top logit and a served id's
 
 
 def _serve_one_by_one(backend: Any) -> list[list[list[int]]]:
@@ -148,13 +149,20 @@ def trained(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Trai
         stop_ids = list(backend.stop_token_ids)
     finally:
         asyncio.run(backend.close())
-    base_disagrees = []
+    base_disagrees, base_max_gap = [], 0.0
     with torch.inference_mode(), policy.disable_adapter():  # the base model: its greedy choice at each position
         for prompt_ids, response_ids in served:
-            logits = policy(torch.tensor([prompt_ids + response_ids])).logits[0]
-            choices = logits[len(prompt_ids) - 1 : -1].argmax(-1).tolist()
-            base_disagrees.append(choices != response_ids)
-    return Trained(checkpoint=checkpoint, stop_ids=stop_ids, served=served, base_disagrees=base_disagrees)
+            logits = policy(torch.tensor([prompt_ids + response_ids])).logits[0, len(prompt_ids) - 1 : -1].float()
+            base_disagrees.append(logits.argmax(-1).tolist() != response_ids)
+            picked = logits.gather(1, torch.tensor(response_ids)[:, None]).squeeze(1)
+            base_max_gap = max(base_max_gap, float((logits.max(-1).values - picked).max()))
+    return Trained(
+        checkpoint=checkpoint,
+        stop_ids=stop_ids,
+        served=served,
+        base_disagrees=base_disagrees,
+        base_max_gap=base_max_gap,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -248,6 +256,7 @@ def test_exported_folder_generates_what_the_gateway_served(trained: Trained, exp
     gaps = [gap for per_prompt in answer["gaps"] for gap in per_prompt]
     assert len(gaps) == sum(len(response) for _, response in trained.served)
     assert max(gaps) <= 0.25, answer["gaps"]
+    assert trained.base_max_gap > 0.25  # the bound tells the adapter's model from the base model
     from agentbolt.inference import packed_linear
 
     if packed_linear.native_bf16():

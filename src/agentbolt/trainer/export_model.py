@@ -38,7 +38,6 @@ import os
 import shutil
 import tempfile
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -284,10 +283,7 @@ def _write_hf_folder(checkpoint: Path, base_dir: Path, target: Path) -> tuple[di
     # bf16: the dtype the embedded backend serves (EmbeddedBackend.load), so the merge rounds as the gateway's did
     model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.bfloat16)
     tokenizer = AutoTokenizer.from_pretrained(str(base_dir))
-    with warnings.catch_warnings():
-        # peft asks transformers >= 5 through a deprecated name; the warning is theirs, not the user's
-        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-        merged_count = apply_adapter(model, checkpoint)  # the serving path's merge (serve --adapter uses it too)
+    merged_count = apply_adapter(model, checkpoint)  # the serving path's merge (serve --adapter uses it too)
     if merged_count == 0:
         raise ConfigError(f"the adapter in {checkpoint} adapts no layer of {base_dir}; nothing to merge")
     model.save_pretrained(str(target))

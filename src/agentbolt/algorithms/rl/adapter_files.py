@@ -5,7 +5,10 @@ Torch-free, so a command can refuse a damaged checkpoint before it loads a model
 
 from __future__ import annotations
 
+import contextlib
 import json
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
@@ -15,6 +18,15 @@ ADAPTER_CONFIG: Final = "adapter_config.json"
 ADAPTER_WEIGHTS: Final = "adapter_model.safetensors"
 ADAPTER_FILES: Final = (ADAPTER_CONFIG, ADAPTER_WEIGHTS)
 """What ``PeftModel.save_pretrained`` writes for a LoRA adapter (safetensors serialization)."""
+
+
+@contextlib.contextmanager
+def quiet_peft_deprecation() -> Iterator[None]:
+    """Hide the ``FutureWarning`` that peft raises while wrapping a model: it asks transformers >= 5 through the
+    deprecated ``is_gradient_checkpointing``. The warning is theirs, not the user's."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        yield
 
 
 def check_adapter_files(folder: Path | str) -> None:

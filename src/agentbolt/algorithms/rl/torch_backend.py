@@ -45,7 +45,6 @@ from __future__ import annotations
 import math
 import sys
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -84,6 +83,8 @@ def attach_lora(model: PreTrainedModel, config: TorchTrainerConfig) -> PeftModel
     """
     from peft import LoraConfig, PeftModel, get_peft_model
 
+    from agentbolt.algorithms.rl.adapter_files import quiet_peft_deprecation
+
     if isinstance(model, PeftModel) or getattr(model, "peft_config", None):
         raise ConfigError("the model already has adapters; attach_lora must be called once, on the base model")
     if config.gradient_checkpointing:
@@ -101,9 +102,7 @@ def attach_lora(model: PreTrainedModel, config: TorchTrainerConfig) -> PeftModel
         task_type="CAUSAL_LM",
     )
     try:
-        with warnings.catch_warnings():
-            # peft asks transformers >= 5 through a deprecated name; the warning is theirs, not the user's
-            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        with quiet_peft_deprecation():
             peft_model = get_peft_model(model, lora_config)
     except ValueError as exc:
         raise ConfigError(f"cannot attach LoRA to {config.lora_target_modules}: {exc}") from exc

@@ -75,19 +75,16 @@ def apply_adapter(serving_model: torch.nn.Module, adapter_dir: str | Path) -> in
             architecture).
     """
     import copy
-    import warnings
 
     from peft import PeftModel
 
-    from agentbolt.algorithms.rl.adapter_files import check_adapter_files, short_reason
+    from agentbolt.algorithms.rl.adapter_files import check_adapter_files, quiet_peft_deprecation, short_reason
     from agentbolt.errors import ConfigError
 
     folder = Path(adapter_dir)
     check_adapter_files(folder)
     try:
-        with warnings.catch_warnings():
-            # peft asks transformers >= 5 through a deprecated name; the warning is theirs, not the user's
-            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        with quiet_peft_deprecation():
             peft_model = PeftModel.from_pretrained(copy.deepcopy(serving_model), str(folder))
         return load_weights(serving_model, merged_lora_weights(peft_model))
     except (KeyError, ValueError, RuntimeError) as exc:
