@@ -34,13 +34,9 @@ from agentbolt.inference.base import (
     ToolChoice,
     UpstreamError,
 )
+from agentbolt.inference.engine_protocols import LlamaCppProtocol, SGLangGenerateProtocol, VLLMCompletionsProtocol
 from agentbolt.inference.prompt_encoding import PromptEncoder
-from agentbolt.inference.token_engines import (
-    LlamaCppProtocol,
-    SGLangGenerateProtocol,
-    TokenEngineBackend,
-    VLLMCompletionsProtocol,
-)
+from agentbolt.inference.token_engines import TokenEngineBackend
 from agentbolt.inference.transcripts import TranscriptCache
 from agentbolt.trainer.job_config import InferenceConfig, TrainConfig, check_trainer
 
