@@ -44,15 +44,7 @@ from types import TracebackType
 from typing import Any
 
 import torch
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    GenerationConfig,
-    LogitsProcessorList,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-    StoppingCriteriaList,
-)
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from agentbolt.errors import BackendError, ConfigError
 from agentbolt.inference import packed_linear
@@ -63,17 +55,10 @@ from agentbolt.inference.base import (
     GenerationResult,
     RequestRefused,
 )
+from agentbolt.inference.batched_generate import generate_batch
 from agentbolt.inference.continuous import PrefixCache, Row, RunningBatch
 from agentbolt.inference.continuous import supports as supports_continuous
-from agentbolt.inference.generation_hooks import (
-    RowBudget,
-    RowCancel,
-    RowPenalties,
-    RowStopStrings,
-    RowStreamer,
-    SamplingLogprobs,
-    ThroughputStats,
-)
+from agentbolt.inference.generation_hooks import ThroughputStats
 from agentbolt.inference.model_files import MARKER_FILE, MODEL_SPECS, prepare_model
 from agentbolt.inference.prompt_encoding import PromptEncoder, check_sampling, entries_within
 from agentbolt.inference.stop_text import StopTextFilter, cut_at_stop
@@ -724,15 +709,6 @@ class EmbeddedBackend:
     def _decode(self, ids: list[int]) -> str:
         return self.encoder.decode(ids)
 
-    def _constraints(self, batch: list[_Pending], prompt_len: int) -> Any | None:
-        """The logits processor that constrains the rows whose answer has a grammar
-        (:class:`~agentbolt.inference.constrained.RowGrammars`), or ``None`` when no row has one."""
-        if all(p.grammar is None for p in batch):
-            return None
-        from agentbolt.inference.constrained import RowGrammars, tokenizer_info
-
-        return RowGrammars(tokenizer_info(self.tokenizer), [p.grammar for p in batch], prompt_len, self.stop_token_ids)
-
     def _token_logprobs(
         self,
         ids: list[int],
@@ -791,130 +767,36 @@ class EmbeddedBackend:
         )
 
     def _generate_batch(self, batch: list[_Pending]) -> list[GenerationResult]:
-        """Run one ``model.generate`` over ``batch`` (left-padded) and cut each row's response."""
-        prompts = [p.prompt_token_ids for p in batch]
-        prompt_len = max(len(ids) for ids in prompts)
-        input_ids_BL = torch.full((len(batch), prompt_len), self.pad_token_id, dtype=torch.long)
-        attention_mask_BL = torch.zeros((len(batch), prompt_len), dtype=torch.long)
-        for row, ids in enumerate(prompts):
-            input_ids_BL[row, prompt_len - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-            attention_mask_BL[row, prompt_len - len(ids) :] = 1
-        max_tokens_B = torch.tensor([p.request.max_tokens for p in batch], dtype=torch.long)
-        first = batch[0].request
-        greedy = first.temperature <= 0
-        temperature = 1.0 if greedy else first.temperature
-        # Every setting that changes the distribution is explicit, so the model's generation_config.json
-        # (repetition_penalty, top_k...) cannot change what the recorded logprobs describe.
-        sampling: dict[str, Any] = {} if greedy else {"temperature": temperature, "top_p": first.top_p, "top_k": 0}
-        generation_config = GenerationConfig(
-            max_new_tokens=int(max_tokens_B.max()),
-            do_sample=not greedy,
-            repetition_penalty=1.0,
-            eos_token_id=list(self.stop_token_ids),
+        """Run one ``model.generate`` over ``batch`` (:func:`~agentbolt.inference.batched_generate.generate_batch`)."""
+        generated = generate_batch(
+            self.model,
+            batch,
+            device=self.device,
             pad_token_id=self.pad_token_id,
-            return_dict_in_generate=True,
-            **sampling,
+            stop_token_ids=self.stop_token_ids,
+            decode=self._decode,
+            tokenizer=self.tokenizer,
         )
-        requests = [p.request for p in batch]
-        recorder = SamplingLogprobs(temperature, max((r.top_logprobs for r in requests if r.logprobs), default=0))
-        processors: list[Any] = [recorder]
-        if any(r.penalized for r in requests):
-            processors.append(
-                RowPenalties(
-                    prompt_len,
-                    [r.presence_penalty for r in requests],
-                    [r.frequency_penalty for r in requests],
-                    [r.logit_bias for r in requests],
-                )
+        results = [
+            self._result(
+                pending,
+                row.ids,
+                row.finish_reason,
+                row.logprobs_T,
+                row.top_TK,
+                {
+                    "batch_size": len(batch),
+                    "queue_wait_s": generated.started_s - pending.enqueued_s,
+                    "generation_s": generated.elapsed_s,
+                },
             )
-        constraints = self._constraints(batch, prompt_len)
-        if constraints is not None:
-            processors.append(constraints)
-        criteria: list[Any] = [RowBudget(prompt_len, max_tokens_B.to(self.device))]
-        row_stops: RowStopStrings | None = None
-        if any(r.stop or r.stop_inclusive for r in requests):
-            row_stops = RowStopStrings(self._decode, prompt_len, [(*r.stop, *r.stop_inclusive) for r in requests])
-            criteria.append(row_stops)
-        row_cancel: RowCancel | None = None
-        streamer: RowStreamer | None = None
-        if any(p.on_token is not None for p in batch):
-            row_cancel = RowCancel(prompt_len, [p.is_cancelled for p in batch])
-            criteria.append(row_cancel)
-            stops = row_stops
-            streamer = RowStreamer(
-                [p.on_token for p in batch],
-                set(self.stop_token_ids),
-                [p.request.max_tokens for p in batch],
-                [p.is_cancelled for p in batch],
-                ended=None if stops is None else (lambda row: stops.stopped_at[row] is not None),
-            )
-        model = self.model
-        was_training = bool(getattr(model, "training", False))
-        if first.seed is not None:
-            torch.manual_seed(first.seed)
-        started_s = time.monotonic()
-        try:
-            model.eval()
-            with torch.inference_mode(), packed_linear.packed_linears():
-                output = model.generate(
-                    input_ids=input_ids_BL.to(self.device),
-                    attention_mask=attention_mask_BL.to(self.device),
-                    generation_config=generation_config,
-                    logits_processor=LogitsProcessorList(processors),
-                    stopping_criteria=StoppingCriteriaList(criteria),
-                    streamer=streamer,
-                )
-                generated_BT = output.sequences[:, prompt_len:]
-                # .cpu() waits for the device, so elapsed_s below covers all of the batch's kernels
-                logprobs_BT = recorder.finish(generated_BT).cpu()
-                top = recorder.top(generated_BT.shape[1])
-                top_BTK = None if top is None else (top[0].cpu(), top[1].cpu())
-                generated_BT = generated_BT.cpu()
-        finally:
-            if was_training:
-                model.train()
-        elapsed_s = time.monotonic() - started_s
-
-        results: list[GenerationResult] = []
-        stop_ids = set(self.stop_token_ids)
-        for row, pending in enumerate(batch):
-            request = pending.request
-            limit = request.max_tokens
-            cancelled_at = row_cancel.stopped_at[row] if row_cancel is not None else None
-            stopped_at = row_stops.stopped_at[row] if row_stops is not None else None
-            for at in (cancelled_at, stopped_at):
-                if at is not None:
-                    limit = min(limit, at)
-            ids = generated_BT[row].tolist()[:limit]
-            finish_reason: FinishReason = "length"
-            if stopped_at is not None and stopped_at <= limit:
-                finish_reason = "stop"
-            elif cancelled_at is not None and cancelled_at < request.max_tokens:
-                finish_reason = "abort"
-            for index, token_id in enumerate(ids):
-                if token_id in stop_ids:
-                    ids = ids[: index + 1]
-                    finish_reason = "stop"
-                    break
-            results.append(
-                self._result(
-                    pending,
-                    ids,
-                    finish_reason,
-                    logprobs_BT[row],
-                    None if top_BTK is None else (top_BTK[0][row], top_BTK[1][row]),
-                    {
-                        "batch_size": len(batch),
-                        "queue_wait_s": started_s - pending.enqueued_s,
-                        "generation_s": elapsed_s,
-                    },
-                )
-            )
+            for pending, row in zip(batch, generated.rows, strict=True)
+        ]
         self.stats.batches += 1
         self.stats.decode_steps += 1
         self.stats.decode_rows += len(batch)
         self.stats.requests += len(batch)
-        self.stats.generation_s += elapsed_s
+        self.stats.generation_s += generated.elapsed_s
         self.stats.generated_tokens += sum(len(r.response_token_ids) for r in results)
         return results
 
