@@ -5,22 +5,20 @@ side never does; STYLE.md section 1).
 
 How a call goes: :meth:`EmbeddedBackend.generate` renders the chat template once into prompt token ids (in the
 caller's event loop, so a prompt that does not fit fails at once with ConfigError), queues the request and awaits
-its future. ONE worker thread takes up to ``max_batch_size`` queued requests that share sampling settings
-(temperature, top_p), left-pads them, runs ``model.generate`` under ``torch.inference_mode()``, cuts each row at its
-first stop id or its own ``max_tokens``, and resolves each future through ``loop.call_soon_threadsafe``.
+its future. ONE worker thread runs the model, under ``torch.inference_mode()``, and resolves each future through
+``loop.call_soon_threadsafe``. Plain sampling requests join its running batch between decode steps and leave when
+they end (continuous batching and a prefix cache: :mod:`agentbolt.inference.continuous`); the others (a grammar,
+penalties or ``logit_bias``, a ``seed``) run as one ``model.generate`` over up to ``max_batch_size`` queued requests
+that share sampling settings (:mod:`agentbolt.inference.batched_generate`).
 
-Streaming (:meth:`EmbeddedBackend.stream`): true token-by-token. The same batched ``generate`` call gets a streamer
-(:class:`~agentbolt.inference.generation_hooks.RowStreamer`) that hands each streaming row's new id to its event
-loop as soon as it is sampled; the stream decodes ids incrementally into text deltas (a delta is held back while it
-ends inside a multi-byte character). :meth:`_EmbeddedStream.cancel` stops that row at its next step
-(:class:`~agentbolt.inference.generation_hooks.RowCancel`); the result then holds the ids generated until then,
-with ``finish_reason="abort"``. Other rows of the batch are not affected.
+Streaming (:meth:`EmbeddedBackend.stream`): true token-by-token. Each streaming row's new id goes to its event loop as
+soon as it is sampled; the stream decodes ids incrementally into text deltas (a delta is held back while it ends
+inside a multi-byte character). :meth:`_EmbeddedStream.cancel` stops that row at its next step; the result then
+holds the ids generated until then, with ``finish_reason="abort"``. Other rows of the batch are not affected.
 
 Sampling logprobs: for each generated id, ``log_softmax(logits.float() / temperature)`` (temperature 1 when greedy)
-of the raw model logits, gathered at the id. They are recorded step by step inside ``generate`` (a logits processor
-that sees the raw logits), so memory stays ``(B, V)`` instead of ``output_logits``' ``(T, B, V)`` (about 0.6 MB per
-generated token and row for Qwen's 151,936-token vocabulary). top_p truncation is not folded in: the logprob is the
-one of the tempered full distribution, as in vLLM's default.
+of the raw model logits, gathered at the id, recorded step by step. top_p truncation is not folded in: the logprob
+is the one of the tempered full distribution, as in vLLM's default.
 
 Training updates: the trainer updates ``backend.model`` in place (or swaps in a peft model with :meth:`set_model`)
 inside ``with backend.paused():`` / ``async with backend.paused():``, which waits for the running batch and keeps
