@@ -50,12 +50,16 @@ model once, sends one untimed warm-up request (4 tokens), then runs the levels i
   of its longest common prefix with the previous sequence (the shared system + tools prefix; ``Llama.reset()``
   at the start of a level makes the first one cold). Timings include llama-cpp-python's per-token Python loop.
 * roofline: not an arm. Memory read bandwidth measured with torch on ``--threads`` threads (median of
-  ``--bandwidth-repeats`` ``.sum()`` over a ``--bandwidth-gib`` bf16 tensor; a ``copy_`` figure, bytes read +
-  written, is reported too), and the weight bytes one decode step reads: every tensor of ``model.safetensors``
-  (the tied embedding counted once, as the LM head; an untied input embedding is left out: a step reads one row of
-  it). Roofline tokens/s at level ``c`` = bandwidth / weight bytes * ``c``: one read of the weights per step, every
-  row of the batch gets a token; keys/values, activations and compute are ignored, so it is an upper bound that
-  large batches (compute-bound) do not approach.
+  ``--bandwidth-repeats`` ``.sum()`` over a ``--bandwidth-gib`` float32 tensor: a float32 sum is bound by memory
+  on any CPU, while a bf16 one is bound by the widening where bf16 is emulated, 16 against 28 GB/s on the 2-core
+  Xeon of 2026-12-04; a ``copy_`` figure, bytes read + written, is reported too), and the weight bytes one decode
+  step reads: every tensor of ``model.safetensors`` (the tied embedding counted once, as the LM head; an untied
+  input embedding is left out: a step reads one row of it), with the matrices the embedded backend packs counted
+  at its compute dtype (``packed_linear.compute_dtype()``: float32 where the CPU emulates bf16, so twice the file's
+  bytes). Roofline tokens/s at level ``c`` = bandwidth / weight bytes * ``c``: one read of the weights per step,
+  every row of the batch gets a token; keys/values, activations and compute are ignored, so it is an upper bound
+  that large batches (compute-bound) do not approach. ``roofline_bf16_tokens_per_s`` counts the weights in bf16
+  (what a CPU with native bf16 reads).
 
 Latency, per request (medians; ``ttft_s`` also p90):
 
@@ -125,6 +129,7 @@ import contextlib
 import dataclasses
 import gc
 import json
+import math
 import os
 import platform
 import random
@@ -288,12 +293,12 @@ def level_line(
 
 
 def measure_bandwidth(threads: int, gib: float, repeats: int) -> dict[str, Any]:
-    """Read bandwidth (``.sum()`` of a bf16 tensor) and copy bandwidth (``copy_``, read + written bytes), GB/s."""
+    """Read bandwidth (``.sum()`` of a float32 tensor) and copy bandwidth (``copy_``, read + written bytes), GB/s."""
     import torch
 
     torch.set_num_threads(threads)
-    n = max(1, int(gib * 2**30) // 2)
-    src = torch.ones(n, dtype=torch.bfloat16)
+    n = max(1, int(gib * 2**30) // 4)
+    src = torch.ones(n, dtype=torch.float32)
     dst = torch.empty_like(src)
     dst.copy_(src)  # touch every page of both before timing
     src.sum()
@@ -306,7 +311,7 @@ def measure_bandwidth(threads: int, gib: float, repeats: int) -> dict[str, Any]:
         started = time.perf_counter()
         dst.copy_(src)
         copies.append(time.perf_counter() - started)
-    nbytes = n * 2
+    nbytes = n * 4
     del src, dst
     gc.collect()
     return {
@@ -319,11 +324,17 @@ def measure_bandwidth(threads: int, gib: float, repeats: int) -> dict[str, Any]:
 
 
 def weight_bytes(directory: Path) -> dict[str, Any]:
-    """Bytes of weights one decode step reads, from the safetensors headers of ``directory``."""
+    """Bytes of weights one decode step reads, from the safetensors headers of ``directory``: as stored, and as the
+    embedded backend serves them (packed matrices in ``packed_linear.compute_dtype()``)."""
+    import torch
+
+    from agentbolt.inference import packed_linear
+
+    served_itemsize = torch.empty((), dtype=packed_linear.compute_dtype()).element_size()
     config = json.loads((directory / "config.json").read_text())
     tied = bool(config.get("tie_word_embeddings", False))
-    total = 0
-    input_embedding = 0
+    total = served = 0
+    input_embedding = served_input_embedding = 0
     for path in sorted(directory.glob("*.safetensors")):
         with path.open("rb") as f:
             (header_len,) = struct.unpack("<Q", f.read(8))
@@ -332,11 +343,21 @@ def weight_bytes(directory: Path) -> dict[str, Any]:
             if name == "__metadata__":
                 continue
             size = info["data_offsets"][1] - info["data_offsets"][0]
+            numel = math.prod(info["shape"])
+            packed = info["dtype"] == "BF16" and len(info["shape"]) == 2 and numel >= packed_linear.MIN_PACKED_ELEMENTS
+            served_size = numel * served_itemsize if packed else size
             total += size
+            served += served_size
             if name.endswith("embed_tokens.weight"):
                 input_embedding += size
-    per_step = total if tied else total - input_embedding
-    return {"weight_bytes_total": total, "weight_bytes_per_step": per_step, "tied_embeddings": tied}
+                served_input_embedding += served_size
+    return {
+        "weight_bytes_total": total,
+        "weight_bytes_per_step": total if tied else total - input_embedding,
+        "served_dtype": str(packed_linear.compute_dtype()).removeprefix("torch."),
+        "served_weight_bytes_per_step": served if tied else served - served_input_embedding,
+        "tied_embeddings": tied,
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1022,7 +1043,8 @@ def print_table(args: argparse.Namespace, lines: list[dict[str, Any]], roof: dic
     print()
     print(
         f"{args.model}, {args.threads} threads, max_tokens {args.max_tokens}; read bandwidth {roof['read_gb_s']} GB/s "
-        f"(copy {roof['copy_gb_s']}), {roof['weight_bytes_per_step'] / 1e6:.0f} MB of weights per step"
+        f"(copy {roof['copy_gb_s']}), {roof['served_weight_bytes_per_step'] / 1e6:.0f} MB of weights per step "
+        f"({roof['served_dtype']} matrices; {roof['weight_bytes_per_step'] / 1e6:.0f} MB in bf16)"
     )
     header = (
         f"{'arm':<22}{'c':>4}{'req':>5}{'err':>4}{'tokens':>8}{'wall_s':>9}{'tok/s':>9}{'ttft50':>8}{'ttft90':>8}"
@@ -1126,8 +1148,9 @@ def main() -> None:
     roof = {"kind": "roofline", "model": args.model, "threads": args.threads}
     roof.update(measure_bandwidth(args.threads, args.bandwidth_gib, args.bandwidth_repeats))
     roof.update(weight_bytes(directory))
-    per_step = roof["weight_bytes_per_step"]
-    roof["roofline_tokens_per_s"] = {str(c): round(roof["read_gb_s"] * 1e9 / per_step * c, 1) for c in args.levels}
+    served, stored = roof["served_weight_bytes_per_step"], roof["weight_bytes_per_step"]
+    roof["roofline_tokens_per_s"] = {str(c): round(roof["read_gb_s"] * 1e9 / served * c, 1) for c in args.levels}
+    roof["roofline_bf16_tokens_per_s"] = {str(c): round(roof["read_gb_s"] * 1e9 / stored * c, 1) for c in args.levels}
     emit(roof)
 
     for arm in args.arm_list:
