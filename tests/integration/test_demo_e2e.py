@@ -52,6 +52,9 @@ def test_demo_one_step_with_smollm2(tmp_path: Path, smollm2_dir: Path, monkeypat
     assert all(math.isfinite(x) for x in on_disk["train_reward"])
     assert [c["step"] for c in on_disk["checkpoints"]] == [1]
     assert on_disk["checkpoints"][0]["val_accuracy"] == on_disk["val_accuracy_after"]
+    # the runner's own peak memory (no torch in it), not the trainer's size it was forked from
+    (runner_mb,) = on_disk["peak_rss"]["runners_mb"].values()
+    assert 20 < runner_mb < 1024 < on_disk["peak_rss"]["trainer_and_server_mb"], on_disk["peak_rss"]
 
     # the same metrics reach TensorBoard, read back with its own reader
     events = EventAccumulator(str(out / "tensorboard" / "demo"))

@@ -66,6 +66,9 @@ def test_a_hung_agent_is_stopped_at_its_timeout_and_its_slot_freed(agent: str, k
         pool.stop()
         serve.terminate()
         serve.wait(10)
+    # read from the runner's own address space (a runner imports no torch), not charged its parent's size
+    peak = pool.peak_rss_mb["agentbolt-runner-0"]
+    assert peak is not None and 20 < peak < 1024, pool.peak_rss_mb
     for kind, (hanging, attempt, quick) in zip(kinds, results, strict=True):
         assert hanging.status == RolloutStatus.FAILED, kind
         assert attempt.status == AttemptStatus.TIMEOUT, (kind, attempt)

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event as MpEvent
 
@@ -121,14 +121,44 @@ def _runner_main(
     asyncio.run(main())
 
 
+def peak_rss_mb(pid: int) -> float | None:
+    """Peak resident memory of the live process ``pid``, in MiB: Linux's ``VmHWM`` (``/proc/<pid>/status``), the peak
+    of the process's own address space. ``None`` where it cannot be read (not Linux, the process is gone).
+
+    ``getrusage(RUSAGE_CHILDREN)`` cannot stand in for it: a child started by fork + exec (``spawn``, ``subprocess``)
+    is charged its parent's resident size at the fork, so every child of a 12 GB trainer reads as 12 GB there.
+    """
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 @dataclass
 class RunnerPool:
-    """Runner processes started by :func:`start_runner_processes`; :meth:`stop` ends them (waits, then kills)."""
+    """Runner processes started by :func:`start_runner_processes`; :meth:`stop` ends them (waits, then kills).
+
+    Attributes:
+        peak_rss_mb: each runner's peak resident memory in MiB (:func:`peak_rss_mb`; ``None`` where unknown), read by
+            :meth:`note_peak_rss` just before the runners are told to stop (:meth:`stop` calls it).
+    """
 
     processes: list[BaseProcess]
     stop_event: MpEvent
+    peak_rss_mb: dict[str, float | None] = field(default_factory=dict)
+
+    def note_peak_rss(self) -> None:
+        """Read each live runner's peak resident memory into :attr:`peak_rss_mb` (call it before stopping them)."""
+        for proc in self.processes:
+            if proc.pid is not None and proc.is_alive():
+                self.peak_rss_mb[proc.name] = peak_rss_mb(proc.pid)
 
     def stop(self, timeout_s: float = 10.0) -> None:
+        self.note_peak_rss()
         self.stop_event.set()
         for proc in self.processes:
             proc.join(timeout_s)

@@ -73,10 +73,11 @@ class JobSeams:
     summary: Callable[[dict[str, Any]], None] | None = None
 
 
-def _peak_rss_mb() -> dict[str, float]:
+def _peak_rss_mb() -> dict[str, Any]:
+    """This process's peak resident memory, MiB (the runners' are added by the job: ``RUSAGE_CHILDREN`` would charge
+    each of them the trainer's size at its fork, see :func:`agentbolt.runner.processes.peak_rss_mb`)."""
     self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    child_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return {"trainer_and_server_mb": self_kb / 1024, "largest_child_mb": child_kb / 1024}
+    return {"trainer_and_server_mb": self_kb / 1024}
 
 
 def step_row(result: StepResult) -> dict[str, Any]:
@@ -313,6 +314,7 @@ async def _run_job(
         trainer.metric_listeners.append(to_trackers)
         watch.unscoped_calls = local.unscoped_calls
         runner_exits = local.runner_exits  # filled while the job runs
+        runner_peaks = local.runners.peak_rss_mb  # filled when the runners stop
         await store.add_resources(
             {},
             metadata={
@@ -424,6 +426,7 @@ async def _run_job(
     summary.update(watch.to_summary())
     summary["store"] = str(config.out_dir / "store.db")
     summary["runner_exits"] = runner_exits
+    summary["peak_rss"]["runners_mb"] = runner_peaks
     if seams.summary is not None:
         seams.summary(summary)
     (config.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -523,7 +523,9 @@ not waited for (seconds, for all runners together)."""
 
 def stop_runners(pool: RunnerPool, grace_s: float) -> None:
     """Ask every runner process of ``pool`` to stop, wait up to ``grace_s`` seconds for all of them together, then
-    terminate (SIGTERM) those still running (an attempt's child process dies with its runner)."""
+    terminate (SIGTERM) those still running (an attempt's child process dies with its runner). Their peak resident
+    memory is read first (:meth:`RunnerPool.note_peak_rss`)."""
+    pool.note_peak_rss()
     pool.stop_event.set()
     deadline = time.monotonic() + grace_s
     for process in pool.processes:
