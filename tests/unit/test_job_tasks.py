@@ -116,3 +116,28 @@ def test_a_tasks_file_job_finds_its_agent_module_in_the_current_folder(
     assert load_agent("myagent_pkg.agent:color_agent").name == "color_agent"
     sys.modules.pop("myagent_pkg.agent", None)
     sys.modules.pop("myagent_pkg", None)
+
+
+def test_an_agent_module_that_fails_to_import_is_named_with_its_cause(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a new-user pass: a missing package imported BY the agent module was reported as the module not being
+    found (with advice about PYTHONPATH), and a syntax error in it printed a raw traceback."""
+    from agentbolt.runner.processes import load_agent
+
+    (tmp_path / "dep_agent_mod.py").write_text("import no_such_package_xyz\n\ndef f(task, llm):\n    return 1.0\n")
+    (tmp_path / "syntax_agent_mod.py").write_text("def f(task, llm)\n    return 1.0\n")
+    (tmp_path / "raising_agent_mod.py").write_text("raise RuntimeError('no API key set')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        with pytest.raises(ConfigError, match="imports 'no_such_package_xyz', which is not installed"):
+            load_agent("dep_agent_mod:f")
+        with pytest.raises(ConfigError, match=r"'syntax_agent_mod' failed to import: SyntaxError.*line 1"):
+            load_agent("syntax_agent_mod:f")
+        with pytest.raises(ConfigError, match="failed to import: RuntimeError: no API key set"):
+            load_agent("raising_agent_mod:f")
+        with pytest.raises(ConfigError, match="cannot import agent module 'absent_agent_mod'.*PYTHONPATH"):
+            load_agent("absent_agent_mod:f")
+    finally:
+        for name in ("dep_agent_mod", "syntax_agent_mod", "raising_agent_mod"):
+            sys.modules.pop(name, None)

@@ -41,9 +41,22 @@ def load_agent(reference: str) -> LitAgent:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
+        missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+        parts = module_name.split(".")
+        if missing and missing not in {".".join(parts[:i]) for i in range(1, len(parts) + 1)}:
+            # the agent's module was found; something it imports is not installed
+            raise ConfigError(
+                f"agent module {module_name!r} imports {missing!r}, which is not installed in this environment "
+                f"({sys.executable}); install it there (pip install the package that provides it)"
+            ) from exc
         raise ConfigError(
             f"cannot import agent module {module_name!r}: {exc}; run agentbolt from the folder that holds "
             f"{module_name.split('.')[0]!r}, or add that folder to PYTHONPATH"
+        ) from exc
+    except Exception as exc:  # a syntax error (its text names the file and line) or one raised at its top level
+        raise ConfigError(
+            f"agent module {module_name!r} failed to import: {type(exc).__name__}: {exc}; fix the module "
+            f"(python -c 'import {module_name}' shows the traceback)"
         ) from exc
     obj = getattr(module, attr, None)
     if obj is None:
