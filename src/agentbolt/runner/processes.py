@@ -51,7 +51,7 @@ def load_agent(reference: str) -> LitAgent:
             ) from exc
         raise ConfigError(
             f"cannot import agent module {module_name!r}: {exc}; run agentbolt from the folder that holds "
-            f"{module_name.split('.')[0]!r}, or add that folder to PYTHONPATH"
+            f"{parts[0]!r}, or add that folder to PYTHONPATH"
         ) from exc
     except Exception as exc:  # a syntax error (its text names the file and line) or one raised at its top level
         raise ConfigError(

@@ -73,7 +73,7 @@ class JobSeams:
     summary: Callable[[dict[str, Any]], None] | None = None
 
 
-def _peak_rss_mb() -> dict[str, Any]:
+def _peak_rss_mb() -> dict[str, float]:
     """This process's peak resident memory, MiB (the runners' are added by the job: ``RUSAGE_CHILDREN`` would charge
     each of them the trainer's size at its fork, see :func:`agentbolt.runner.processes.peak_rss_mb`)."""
     self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
