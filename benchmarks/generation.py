@@ -725,13 +725,14 @@ async def start_llamacpp_engine(args: argparse.Namespace, directory: Path) -> tu
 
     parallel = max(args.levels)
     server = await start_llama_server(
-        directory, Path("/tmp/agentbolt-bench-llama"), parallel=parallel, context_per_slot=1024, threads=args.threads
-    )
+        directory, Path("/tmp/agentbolt-bench-llama"), parallel=parallel, context_per_slot=1024, threads=args.threads,
+        outtype=args.gguf_type,
+    )  # fmt: skip
     backend = await TokenEngineBackend.connect(
         "llamacpp", server.url, model_dir=directory, model_name=args.model, max_context_tokens=1024,
         on_close=server.stop,
     )  # fmt: skip
-    return backend, server, f"llama-server --parallel {parallel}, bf16 GGUF {server.gguf.name}"
+    return backend, server, f"llama-server --parallel {parallel}, {args.gguf_type} GGUF {server.gguf.name}"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1093,7 +1094,10 @@ def main() -> None:
     parser.add_argument("--tasks", choices=("train", "gsm_hard"), default="train", help="where the questions come from")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--gguf", help="GGUF of the same weights for the llamacpp arm")
-    parser.add_argument("--gguf-type", choices=("bf16", "f16"), default="bf16")
+    parser.add_argument(
+        "--gguf-type", choices=("bf16", "f16", "q8_0"), default="bf16",
+        help="GGUF weight type of the llama.cpp arms (q8_0: 8-bit weights, not the trainer's numbers)",
+    )  # fmt: skip
     parser.add_argument("--gguf-dir", help="where converted GGUFs are kept (default <agentbolt cache>/gguf)")
     parser.add_argument(
         "--llama-cpp-src",

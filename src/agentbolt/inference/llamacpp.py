@@ -329,8 +329,10 @@ async def start_llama_server(
     parallel: int = 16,
     context_per_slot: int = 4096,
     threads: int | None = None,
+    outtype: str = "bf16",
 ) -> LlamaServer:
-    """Find the toolchain, convert the model once (cached), start ``llama-server``; return it running.
+    """Find the toolchain, convert the model once (cached) to GGUF weights of type ``outtype`` (``convert_hf_to_gguf.py
+    --outtype``: ``bf16``, ``f16``, ``f32`` or ``q8_0``), start ``llama-server``; return it running.
 
     Raises:
         ConfigError: llama.cpp is not built (the message says how to build it).
@@ -341,7 +343,7 @@ async def start_llama_server(
         from agentbolt.inference.model_files import default_cache_dir
 
         gguf_cache_dir = default_cache_dir().parent / "gguf"
-    gguf = await asyncio.to_thread(model_gguf, tools, model_dir, gguf_cache_dir)
+    gguf = await asyncio.to_thread(model_gguf, tools, model_dir, gguf_cache_dir, outtype=outtype)
     server = LlamaServer(
         tools, gguf, model_dir, work_dir, parallel=parallel, context_per_slot=context_per_slot, threads=threads
     )
