@@ -1,6 +1,8 @@
 """One agent that makes, per task, one of the mistakes new users make (the "mistakes" test of issue 22):
 ``task["kind"]`` is ``raises``, ``returns_none``, ``returns_string``, ``gateway_root`` (calls the server's root
-instead of ``llm.endpoint``: nothing is recorded), ``wrong_port`` (a base URL where nothing listens) or ``hangs``."""
+instead of ``llm.endpoint``: nothing is recorded), ``wrong_port`` (a base URL where nothing listens), ``hangs`` or
+``same_reward`` (a correct agent whose reward is the same for every answer: nothing for GRPO to prefer, so no update
+moves the weights)."""
 
 from __future__ import annotations
 
@@ -31,6 +33,9 @@ def broken(task: dict[str, Any], llm: LLM) -> Any:
     if kind == "wrong_port":
         _ask(f"http://127.0.0.1:{task['port']}/v1", llm)
         return 1.0
+    if kind == "same_reward":
+        _ask(llm.endpoint, llm)
+        return 0.5
     if kind == "hangs":
         time.sleep(10**6)
     raise AssertionError(f"unknown kind {kind!r}")

@@ -159,3 +159,30 @@ def test_a_one_step_run_that_trained_nothing_fails_with_its_causes(tmp_path: Pat
     # no checkpoint of the untrained weights, so a --resume cannot turn this run into a finished "success"
     assert summary["checkpoints"] == [] and not list((out / "checkpoints").glob("step-*"))
     assert "no checkpoint was written by this run (nothing was trained)" in text
+
+
+def test_a_run_whose_every_update_was_skipped_warns_that_its_checkpoints_are_untrained(
+    tmp_path: Path, smollm2_dir: Path
+) -> None:
+    """Every rollout works but each group's rewards tie, so every advantage is 0 and no step moves the weights: the
+    job ends 0 (its rollouts are valid data) but says so, with what to do, instead of "next: serve it" hints for
+    a checkpoint of the base model; summary.json counts the updates."""
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"task_id": f"s{i}", "kind": "same_reward"}) + "\n" for i in range(4)))
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        CONFIG.format(tasks=tasks).replace("steps: 4", "steps: 2").replace("tasks_per_step: 6", "tasks_per_step: 2")
+    )
+    out = tmp_path / "run"
+    job, text = _train(config, out, {**os.environ, "AGENTBOLT_CACHE": str(smollm2_dir.parent.parent)})
+    assert job.returncode == 0, text
+    flat = " ".join(text.split())
+    assert "update skipped: every advantage is 0" in flat, text
+    assert "warning: no step updated the weights (2 steps, every update skipped: every advantage is 0 x2)" in flat
+    assert "hold the weights this run started from (smollm2-135m, untrained)" in flat
+    assert "grpo.group_size" in flat  # what to do
+    assert "serve it" not in flat and "export-model" not in flat
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["updates_applied"] == 0
+    assert summary["updates_skipped"] == {"every advantage is 0": 2}
+    assert summary["train_reward"] == [0.5, 0.5] and summary["failure_causes"] == {}

@@ -9,7 +9,13 @@ from agentbolt import semconv
 from agentbolt.adapter.batch import select_trajectories
 from agentbolt.adapter.causes import CAUSES, HINTS, count_truncated, failure_cause
 from agentbolt.trainer.loop import StepResult
-from agentbolt.trainer.step_report import FailureWatch, skipped_update_reason, step_line
+from agentbolt.trainer.step_report import (
+    FailureWatch,
+    no_update_warning,
+    skipped_update_reason,
+    step_line,
+    update_counts,
+)
 from agentbolt.types import Attempt, AttemptStatus, Rollout, RolloutStatus, Span, SpanStatus
 
 RID = "ro-1"
@@ -210,3 +216,21 @@ def test_untrainable_calls_of_trained_rollouts_are_counted_and_named() -> None:
     line = step_line(_result(untrainable_calls=selection.untrainable_calls))
     assert "untrainable calls 2 (left out; e.g. llama.cpp gave no probability for 1 of 2 ids)" in line
     assert "untrainable" not in step_line(_result())
+
+
+def test_updates_are_counted_per_reason_and_a_run_without_any_is_warned_about() -> None:
+    zero = "every advantage is 0 (8 samples: each group's rollouts had the same reward)"
+    rows = [{"update_skipped": zero}, {"update_skipped": None}, {"update_skipped": "no samples to train on"}]
+    assert update_counts(rows) == (1, {"every advantage is 0": 1, "no samples to train on": 1})
+    assert no_update_warning(rows, "m") is None  # one step moved the weights
+    assert no_update_warning([], "m") is None  # no step ran: nothing to say here
+    warning = no_update_warning([rows[0], rows[0], rows[2]], "qwen2.5-0.5b")
+    assert warning is not None
+    head, *hints = warning.splitlines()
+    assert head.startswith(
+        "warning: no step updated the weights (3 steps, every update skipped: every advantage is 0 x2, "
+        "no samples to train on x1). The checkpoints hold the weights this run started from (qwen2.5-0.5b, untrained)"
+    )
+    assert len(hints) == 2 and "grpo.group_size" in hints[0] and "failure causes" in hints[1]
+    nan = "the gradient norm was not finite; the gradient was dropped"
+    assert update_counts([{"update_skipped": nan}]) == (0, {"the gradient norm was not finite": 1})

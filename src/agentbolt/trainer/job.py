@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agentbolt.adapter.trajectory import describe_success
+from agentbolt.cli.command_name import agentbolt_command
 from agentbolt.errors import ConfigError
 from agentbolt.trainer.job_config import (
     RUN_PURPOSE,
@@ -41,7 +42,14 @@ from agentbolt.trainer.job_config import (
 )
 from agentbolt.trainer.plots import plot_reward_curve
 from agentbolt.trainer.progress_bars import JobProgress
-from agentbolt.trainer.step_report import FailureWatch, NothingToTrain, skipped_update_reason, step_line
+from agentbolt.trainer.step_report import (
+    FailureWatch,
+    NothingToTrain,
+    no_update_warning,
+    skipped_update_reason,
+    step_line,
+    update_counts,
+)
 
 if TYPE_CHECKING:
     from agentbolt.trainer.checkpoint import CheckpointInfo
@@ -439,6 +447,12 @@ async def _run_job(
     _print_summary(console, summary)
     if watch.failed:
         raise NothingToTrain(watch.report(store=str(config.out_dir / "store.db")))
+    warning = no_update_warning(summary["step_rows"], config.model)
+    if warning is not None:  # the checkpoints are the starting weights: no "serve it" hints for them
+        console.print(warning, style="bold yellow", markup=False, highlight=False)
+        console.print(f"wrote {config.out_dir / 'store.db'}, {config.out_dir / 'summary.json'}")
+        console.print(f"see the rewards with: {agentbolt_command()} rollouts --store {config.out_dir / 'store.db'}")
+        return summary
     _print_next_steps(console, config, summary)
     return summary
 
@@ -505,8 +519,11 @@ def build_summary(
     timing["per_step_wait"] = [r["wait_s"] for r in rows]
     timing["per_step_update"] = [r["update_s"] for r in rows]
     grpo = config.grpo
+    applied, skipped = update_counts(rows)
     return {
         "steps": grpo.steps,
+        "updates_applied": applied,  # steps whose update moved the weights (0: the checkpoints are untrained)
+        "updates_skipped": skipped,  # the other steps, per reason
         "advantage_estimator": grpo.advantage_estimator,
         "credit_assignment": grpo.credit_assignment,
         "async_rollouts": grpo.async_rollouts,
@@ -554,8 +571,9 @@ def _print_next_steps(console: Console, config: TrainConfig, summary: dict[str, 
     chosen = best_checkpoint(found) or found[-1]
     model = shlex.quote(config.model)
     console.print("next:")
+    cli = agentbolt_command()
     checkpoint = shlex.quote(str(chosen.path))
-    console.print(f"  agentbolt serve --model {model} --adapter {checkpoint}   # serve it")
+    console.print(f"  {cli} serve --model {model} --adapter {checkpoint}   # serve it")
     split: str | None = None
     with contextlib.suppress(ConfigError):
         split = "test" if hasattr(load_tasks_module(config.tasks), "load_test_tasks") else "val"
@@ -565,12 +583,12 @@ def _print_next_steps(console: Console, config: TrainConfig, summary: dict[str, 
         config_yaml = shlex.quote(str(chosen.path / "config.yaml"))
         here = shlex.quote(str(Path.cwd()))  # the agent (and a tasks module) import from the job's folder
         console.print(
-            f"  cd {here} && agentbolt eval {config_yaml} --checkpoint {checkpoint} --split {split}   # score it",
+            f"  cd {here} && {cli} eval {config_yaml} --checkpoint {checkpoint} --split {split}   # score it",
             markup=False,
             highlight=False,
         )
-    console.print(f"  agentbolt export-model {checkpoint} --out {shlex.quote(str(out / 'model'))}")
-    console.print(f"  agentbolt serve --store {shlex.quote(str(out / 'store.db'))}   # dashboard of this run")
+    console.print(f"  {cli} export-model {checkpoint} --out {shlex.quote(str(out / 'model'))}")
+    console.print(f"  {cli} serve --store {shlex.quote(str(out / 'store.db'))}   # dashboard of this run")
 
 
 def _print_summary(console: Console, summary: dict[str, Any]) -> None:
@@ -597,12 +615,21 @@ def _print_summary(console: Console, summary: dict[str, Any]) -> None:
             else ""
         )
     )
+    skipped = summary.get("updates_skipped") or {}
+    if skipped and summary.get("updates_applied"):  # (none applied: the job's closing warning says so)
+        listed = ", ".join(f"{kind} x{n}" for kind, n in skipped.items())
+        console.print(
+            f"updates: {summary['updates_applied']} of {len(summary['step_rows'])} steps moved the weights "
+            f"(skipped: {listed})",
+            markup=False,
+            highlight=False,
+        )
     causes = summary.get("failure_causes") or {}
     if causes:  # the rollouts that gave nothing to train on, over the run, by cause (the step lines have them too)
         listed = ", ".join(f"{cause} {n}" for cause, n in causes.items())
         console.print(
             f"not trained: {sum(causes.values())} rollouts ({listed}); list them with "
-            f"agentbolt rollouts --store {summary.get('store', 'OUT/store.db')} --status failed",
+            f"{agentbolt_command()} rollouts --store {summary.get('store', 'OUT/store.db')} --status failed",
             markup=False,
             highlight=False,
         )

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentbolt.adapter.causes import HINTS
+from agentbolt.cli.command_name import agentbolt_command
 from agentbolt.errors import AgentboltError
 from agentbolt.trainer.loop import StepResult
 
@@ -45,6 +46,57 @@ def skipped_update_reason(result: StepResult) -> str | None:
     if not math.isfinite(grad):
         return "the gradient norm was not finite; the gradient was dropped"
     return "the trainer took no step"
+
+
+UPDATE_SKIP_HINTS: dict[str, str] = {
+    "every advantage is 0": (
+        "the rollouts of each task all got the same reward, so GRPO has nothing to prefer: make rewards differ "
+        "within a group (more rollouts per task with grpo.group_size, a higher grpo.temperature, tasks nearer the "
+        "model's level, or a graded reward instead of 0/1)"
+    ),
+    "no sample has a trained token": (
+        "every answer was left out of the loss (e.g. cut at grpo.max_tokens with grpo.truncated=mask): raise "
+        "grpo.max_tokens or set grpo.truncated=keep"
+    ),
+    "the gradient norm was not finite": "lower learning_rate, and check that every reward is a finite number",
+    "no samples to train on": "no rollout gave a trainable call: see the failure causes above",
+}
+"""What to do about each kind of skipped update, keyed by the start of :func:`skipped_update_reason`'s text."""
+
+
+def update_counts(rows: list[dict[str, Any]]) -> tuple[int, dict[str, int]]:
+    """From the summary's step rows (``update_skipped``: :func:`skipped_update_reason` or ``None``): the number of
+    steps whose update moved the weights, and the skipped ones per kind of reason (its text up to `` (``)."""
+    applied = 0
+    skipped: dict[str, int] = {}
+    for row in rows:
+        reason = row.get("update_skipped")
+        if reason is None:
+            applied += 1
+        else:
+            kind = str(reason).split(" (")[0].split(";")[0]
+            skipped[kind] = skipped.get(kind, 0) + 1
+    return applied, skipped
+
+
+def no_update_warning(rows: list[dict[str, Any]], model: str) -> str | None:
+    """The end-of-run warning when no step of the run (every segment of a resumed one) updated the weights, else
+    ``None``: its checkpoints then hold the weights the run started from, which serving or exporting would not
+    tell apart from a trained model."""
+    applied, skipped = update_counts(rows)
+    if applied or not rows:
+        return None
+    listed = ", ".join(f"{kind} x{n}" for kind, n in sorted(skipped.items(), key=lambda kv: -kv[1]))
+    lines = [
+        f"warning: no step updated the weights ({len(rows)} steps, every update skipped: {listed}). The checkpoints "
+        f"hold the weights this run started from ({model}, untrained): serving or exporting them gives the base "
+        "model back."
+    ]
+    for kind in skipped:
+        hint = UPDATE_SKIP_HINTS.get(kind)
+        if hint:
+            lines.append(f"  -> {hint}")
+    return "\n".join(lines)
 
 
 def step_line(result: StepResult) -> str:
@@ -175,7 +227,7 @@ class FailureWatch:
             lines.append(f"  {self.unscoped_total} LLM calls reached the server's root instead of llm.endpoint")
         if not self.causes:
             lines.append("  (no rollout failed: every rollout was left out by agent_match or had no trainable call)")
-        lines.append(f"see them with: agentbolt rollouts --store {store}")
+        lines.append(f"see them with: {agentbolt_command()} rollouts --store {store}")
         if self.nothing_trained:
             lines.append(
                 "no checkpoint was written by this run (nothing was trained): fix the cause, then run again with "
