@@ -125,6 +125,17 @@ def test_each_mistake_is_named_and_the_job_fails(tmp_path: Path, smollm2_dir: Pa
     assert no_reward.returncode == 0 and "no_reward 4" in " ".join(no_reward.stdout.split()), no_reward.stdout
     # piped: the table keeps its own width (rich would cut it to 80 columns: "atte…", "succe…")
     assert "attempts" in no_reward.stdout, no_reward.stdout
+    assert "4 rollouts, newest first" in " ".join(no_reward.stdout.split())  # all that match: nothing cut
+
+    def listing(*extra: str) -> str:
+        cmd = [sys.executable, "-m", "agentbolt.cli.main", "rollouts", "--store", str(out / "store.db"), *extra]
+        done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return " ".join(done.stdout.split())
+
+    # a listing cut by --limit says so (was: "3 rollouts", as if no more were stored)
+    assert "the newest 3 rollouts; more match (raise --limit to see them)" in listing("--limit", "3")
+    assert "more match" not in listing("--cause", "no_reward", "--limit", "4")
 
     serve, url = start_serve("--store", f"sqlite:///{out / 'store.db'}", "--port", "0")
     try:

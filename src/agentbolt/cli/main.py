@@ -432,14 +432,16 @@ def rollouts(
         statuses, parsed_mode, wanted = parse_filters(status, mode, cause)
         st = open_store(store, token=token)
         try:
-            rows = await list_rollouts(st, statuses=statuses, mode=parsed_mode, cause=wanted, limit=limit)
+            # one row past the limit tells whether the listing is cut
+            rows = await list_rollouts(st, statuses=statuses, mode=parsed_mode, cause=wanted, limit=limit + 1)
         finally:
             await st.close()
+        more, rows = len(rows) > limit, rows[:limit]
         if json_:
             for row in rows:
                 typer.echo(json.dumps(row.to_json(), ensure_ascii=False))
         else:
-            print_table(render_rows(rows))
+            print_table(render_rows(rows, more=more))
 
     try:
         asyncio.run(main())

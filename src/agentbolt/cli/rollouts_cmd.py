@@ -116,9 +116,10 @@ async def list_rollouts(
     return rows
 
 
-def render_rows(rows: list[RolloutRow]) -> Table:
-    """The rows as a table, with a caption counting the causes."""
-    table = Table(show_lines=False, caption=_caption(rows))
+def render_rows(rows: list[RolloutRow], *, more: bool = False) -> Table:
+    """The rows as a table, with a caption counting the causes; ``more``: more rollouts match than are shown (the
+    caption says so, and how to see them)."""
+    table = Table(show_lines=False, caption=_caption(rows, more))
     table.add_column("rollout", no_wrap=True, min_width=27)  # whole: the id is what `agentbolt inspect` takes
     for column in ("status", "mode", "attempts", "reward", "cause", "detail"):
         table.add_column(column, overflow="fold" if column == "detail" else "ellipsis")
@@ -128,9 +129,11 @@ def render_rows(rows: list[RolloutRow]) -> Table:
     return table
 
 
-def _caption(rows: list[RolloutRow]) -> str:
+def _caption(rows: list[RolloutRow], more: bool) -> str:
     counts = Counter(row.cause for row in rows if row.cause)
     listed = f"{len(rows)} rollouts, newest first"
+    if more:
+        listed = f"the newest {len(rows)} rollouts; more match (raise --limit to see them)"
     if not counts:
         return listed
     return listed + "; causes: " + ", ".join(f"{cause} {n}" for cause, n in counts.most_common())
