@@ -37,10 +37,16 @@ def test_room_config_is_a_prompt_job_and_algorithm_selects_the_config(tmp_path: 
     assert isinstance(load_job_config(REPO / "examples/calc_agent/config.yaml"), TrainConfig)
     with pytest.raises(ConfigError, match="algorithm 'dspy' is unknown; use one of lightningrl, apo, gepa"):
         load_job_config(REPO / "examples/room_agent/config.yaml", ["algorithm=dspy"])
-    with pytest.raises(ConfigError, match=r"apo\.rounds: Input should be greater than or equal to 1"):
+    with pytest.raises(
+        ConfigError, match=r"apo\.rounds \(--set apo\.rounds=0\): Input should be greater than or equal"
+    ):
         load_job_config(REPO / "examples/room_agent/config.yaml", ["apo.rounds=0"])
-    with pytest.raises(ConfigError, match="grpo: Extra inputs are not permitted"):
-        load_job_config(REPO / "examples/room_agent/config.yaml", ["grpo.steps=2"])
+    with pytest.raises(ConfigError, match=r"grpo \(--set grpo\.steps=2\): unknown setting; known here: algorithm, "):
+        load_job_config(REPO / "examples/room_agent/config.yaml", ["grpo.steps=2"])  # an RL section in an APO job
+    with pytest.raises(
+        ConfigError, match=r"apo\.rouns \(--set apo\.rouns=2\): unknown setting; did you mean apo\.rounds\?$"
+    ):
+        load_job_config(REPO / "examples/room_agent/config.yaml", ["apo.rouns=2"])
 
 
 def test_optimizer_model_is_checked_before_anything_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -54,9 +54,21 @@ def test_the_calc_config_loads_and_overrides_apply() -> None:
         ("", ["grpo.steps"], "key=value"),
         ("model: x", ["model.sub=1"], "model is not a section"),
         # checked when parsed, against the registries and the trainer's own settings
-        ("grpo: {advantage_estimator: nope}", [], "unknown advantage estimator 'nope'"),
-        ("grpo: {credit_assignment: nope}", [], "nope"),
-        ("torch_trainer: {lora_rank: 8}", [], "torch_trainer.lora_rank"),
+        (
+            "grpo: {advantage_estimator: nope}",
+            [],
+            "c.yaml: grpo.advantage_estimator: unknown advantage estimator 'nope'",
+        ),
+        ("grpo: {credit_assignment: nope}", [], "grpo.credit_assignment: unknown credit assignment 'nope'"),
+        (
+            "torch_trainer: {lora_rank: 8}",
+            [],
+            r"torch_trainer\.lora_rank: unknown setting; did you mean torch_trainer\.lora_r",
+        ),
+        # a typo: the nearest names of its section, and the --set item that made it (not the file)
+        ("", ["grpo.stpes=1"], r"grpo\.stpes \(--set grpo\.stpes=1\): unknown setting; did you mean grpo\.steps\?"),
+        ("lerning_rate: 1", [], r"lerning_rate: unknown setting; did you mean learning_rate\?"),
+        ("checkpoint: {zzz: 1}", [], r"checkpoint\.zzz: unknown setting; known here: every, keep_last"),
         ("torch_trainer: {learning_rate: 0.1}", [], "set learning_rate at the top level"),
         ("agent_match: '('", [], "agent_match"),
         ("resume: true\noverwrite: true", [], "exclude each other"),

@@ -7,14 +7,15 @@ typed :class:`~agentbolt.algorithms.rl.trainer_config.TorchTrainerConfig`.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
-from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from agentbolt.algorithms.rl.trainer_config import TorchTrainerConfig
 from agentbolt.config import GRPOConfig, _Config
@@ -218,12 +219,21 @@ class TrainConfig(_Config):
         from agentbolt.adapter.credit import build_credit_scheme
 
         grpo = self.grpo
-        try:
-            check_estimator_name(grpo.advantage_estimator)
-            build_credit_scheme(grpo.credit_assignment, gamma=grpo.credit_gamma, air_weights=grpo.air_weights)
-            compile_agent_match(self.agent_match)
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
+        checks: list[tuple[str, Callable[[], object]]] = [
+            ("grpo.advantage_estimator", lambda: check_estimator_name(grpo.advantage_estimator)),
+            (
+                "grpo.credit_assignment",
+                lambda: build_credit_scheme(
+                    grpo.credit_assignment, gamma=grpo.credit_gamma, air_weights=grpo.air_weights
+                ),
+            ),
+            ("agent_match", lambda: compile_agent_match(self.agent_match)),
+        ]
+        for name, check in checks:
+            try:
+                check()
+            except ConfigError as exc:
+                raise ValueError(f"{name}: {exc}") from None
         return self
 
     def to_settings(self) -> dict[str, Any]:
@@ -498,12 +508,13 @@ def read_settings(path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
 ConfigT = TypeVar("ConfigT", bound=_Config)
 
 
-def validate_settings(model: type[ConfigT], data: dict[str, Any], path: Path) -> ConfigT:
-    """``model.model_validate(data)``, with a validation error turned into one ConfigError naming each bad field."""
+def validate_settings(model: type[ConfigT], data: dict[str, Any], path: Path, overrides: Sequence[str] = ()) -> ConfigT:
+    """``model.model_validate(data)``, with a validation error turned into one ConfigError naming each bad field
+    (an unknown one with the nearest known names; one set by an ``overrides`` item with that item)."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"{path}: {_problems(exc)}") from None
+        raise ConfigError(f"{path}: {_problems(exc, lambda loc: model, overrides)}") from None
 
 
 def load_train_config(path: Path, overrides: Sequence[str] = ()) -> TrainConfig:
@@ -512,7 +523,7 @@ def load_train_config(path: Path, overrides: Sequence[str] = ()) -> TrainConfig:
     Raises:
         ConfigError: as :func:`read_settings`, or a value is invalid (the message names the field).
     """
-    return validate_settings(TrainConfig, read_settings(path, overrides), path)
+    return validate_settings(TrainConfig, read_settings(path, overrides), path, overrides)
 
 
 ALGORITHMS = ("lightningrl", "apo", "gepa")
@@ -540,16 +551,63 @@ def load_job_config(path: Path, overrides: Sequence[str] = ()) -> TrainConfig | 
     try:
         return _job_adapter().validate_python(data)
     except ValidationError as exc:
-        raise ConfigError(f"{path}: {_problems(exc, strip_tag=True)}") from None
+        raise ConfigError(f"{path}: {_problems(exc, _job_model, overrides, strip_tag=True)}") from None
 
 
-def _problems(exc: ValidationError, *, strip_tag: bool = False) -> str:
-    """One line naming each bad field of a validation error (the union's tag left out of the path)."""
+def _job_model(loc: Sequence[object]) -> type[_Config]:
+    """The config class a job error's location starts in (its first item is the ``algorithm`` tag)."""
+    if loc and loc[0] in ("apo", "gepa"):
+        from agentbolt.trainer.prompt_opt import PromptOptConfig
+
+        return PromptOptConfig
+    return TrainConfig
+
+
+def _known_fields(model: type[BaseModel], path: Sequence[str]) -> list[str]:
+    """The field names of the config section at ``path`` under ``model`` (empty when it is not a config)."""
+    current: Any = model
+    for part in path:
+        field = getattr(current, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        current = field.annotation
+    if not (isinstance(current, type) and issubclass(current, BaseModel)):
+        return []
+    return list(current.model_fields)
+
+
+def _problems(
+    exc: ValidationError,
+    model_of: Callable[[Sequence[object]], type[_Config]],
+    overrides: Sequence[str] = (),
+    *,
+    strip_tag: bool = False,
+) -> str:
+    """One line naming each bad field of a validation error (the union's tag left out of the path): an unknown
+    field with the closest known names of its section (``difflib``), a field an override set with that override
+    (``--set key=value``), an error of the whole config (no field) by its message alone."""
+    set_by = {item.partition("=")[0].strip(): item for item in overrides}
     parts = []
     for error in exc.errors():
         loc = [str(x) for x in error["loc"]]
+        model = model_of(error["loc"])
         if strip_tag and loc and loc[0] in ALGORITHMS:
             loc = loc[1:]
         message = str(error["msg"]).removeprefix("Value error, ")
-        parts.append(f"{'.'.join(loc) or '(top)'}: {message}")
+        where = ".".join(loc)
+        if error["type"] == "extra_forbidden":
+            known = _known_fields(model, loc[:-1])
+            close = difflib.get_close_matches(loc[-1], known, n=3, cutoff=0.6)
+            prefix = ".".join(loc[:-1]) + "." if len(loc) > 1 else ""
+            message = "unknown setting" + (
+                f"; did you mean {' or '.join(prefix + name for name in close)}?"
+                if close
+                else f"; known here: {', '.join(known)}"
+                if known
+                else ""
+            )
+        item = set_by.get(where) or next((v for k, v in set_by.items() if where and k.startswith(where + ".")), None)
+        if item is not None:  # the field, or a section that only this override created
+            where = f"{where} (--set {item})"
+        parts.append(f"{where}: {message}" if where else message)
     return "; ".join(parts)
