@@ -171,9 +171,20 @@ BODY_CASES: dict[tuple[str, str], BodyCase] = {
     ("POST", "/v1/rollouts/{rollout_id}/attempts/{attempt_id}/v1/messages/count_tokens"): BodyCase(
         {"messages": [{"role": "user", "content": "hi"}]}, 404, (("messages", {"messages": "hi"}),)
     ),
-    # the unrecorded route of the optimizer LLM, served by this app's scripted backend
+    # the unrecorded routes (the optimizer LLM, serve --adapter), served by this app's scripted backend
     ("POST", "/v1/chat/completions"): BodyCase(
         {"messages": [{"role": "user", "content": "hi"}]}, 200, (("messages", {"messages": "hi"}),)
+    ),
+    ("POST", "/v1/completions"): BodyCase({"prompt": "hi"}, 200, (("prompt", {"prompt": {"a": 1}}),)),
+    ("POST", "/v1/responses"): BodyCase({"input": "hi"}, 200, (("input", {"input": 42}),)),
+    ("POST", "/v1/messages"): BodyCase(
+        {"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+        200,
+        (("max_tokens", {"max_tokens": "4", "messages": []}),),
+    ),
+    # the scripted backend does not tokenize: count_tokens says so (400), as for any such backend
+    ("POST", "/v1/messages/count_tokens"): BodyCase(
+        {"messages": [{"role": "user", "content": "hi"}]}, 400, (("messages", {"messages": "hi"}),)
     ),
 }
 """Every route that takes a body. A new one must be added here (the test says so)."""

@@ -78,7 +78,7 @@ def test_each_mistake_is_named_and_the_job_fails(tmp_path: Path, smollm2_dir: Pa
     assert "no trainable trajectory in 2 consecutive steps" in text
     assert "llm.endpoint" in text  # the hint of no_gateway_call
     assert "step 3:" not in text  # the job stopped after two empty steps
-    assert "2 LLM calls reached the server's root /v1/chat/completions" in text  # gateway_root, group of 2, a step
+    assert "2 LLM calls reached the server's plain /v1 routes" in text  # gateway_root, group of 2, a step
 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stopped_for_failures"] is True

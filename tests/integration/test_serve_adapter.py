@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -65,6 +66,36 @@ def _gaps(model_dir: Path, adapter: Path | None, prompt_ids: list[int], token_id
     return (logits.max(dim=1).values - picked).tolist()
 
 
+def _plain_protocols(url: str) -> dict[str, Any]:
+    """The server's plain /v1 through the real ``openai`` and ``anthropic`` clients: each protocol answers, streams
+    several deltas, and the plain Responses route refuses ``previous_response_id``."""
+    import anthropic
+    import openai
+
+    oai = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+    ant = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=120)
+    ask = "Name three colours."
+    found: dict[str, Any] = {}
+    found["responses_text"] = oai.responses.create(model="m", input=ask, max_output_tokens=12).output_text
+    found["completions_text"] = oai.completions.create(model="m", prompt="Red, green and", max_tokens=8).choices[0].text
+    with oai.responses.stream(model="m", input=ask, max_output_tokens=12, temperature=0) as events:
+        found["responses_deltas"] = sum(e.type == "response.output_text.delta" for e in events)
+    chunks = oai.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": ask}], max_tokens=12, temperature=0, stream=True
+    )
+    found["chat_deltas"] = sum(bool(c.choices and c.choices[0].delta.content) for c in chunks)
+    with ant.messages.stream(model="m", max_tokens=12, messages=[{"role": "user", "content": ask}]) as stream:
+        found["messages_deltas"] = sum(1 for _ in stream.text_stream)
+    messages: Any = [{"role": "user", "content": ask}]
+    found["input_tokens"] = ant.messages.count_tokens(model="m", messages=messages).input_tokens
+    try:
+        oai.responses.create(model="m", input=ask, max_output_tokens=4, previous_response_id="resp_x")
+        found["previous_refused"] = ""
+    except openai.BadRequestError as exc:
+        found["previous_refused"] = str(exc)
+    return found
+
+
 def test_serve_adapter_serves_the_merged_policy(
     tmp_path: Path, smollm2_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -97,9 +128,20 @@ def test_serve_adapter_serves_the_merged_policy(
             time.sleep(0.1)
             latest = store.get_resources()
         store.close()
+        plain = _plain_protocols(url)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+    assert plain["responses_text"] and plain["completions_text"] is not None
+    # streamed token by token: several text deltas per answer (was: the whole answer in one chunk)
+    assert plain["responses_deltas"] >= 3 and plain["messages_deltas"] >= 3 and plain["chat_deltas"] >= 3, plain
+    assert plain["input_tokens"] > 5
+    assert "previous_response_id" in plain["previous_refused"]
+    # recorded nowhere: the store has no span of these calls
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "s.db") as db:
+        assert db.execute("SELECT COUNT(*) FROM spans").fetchone()[0] == 0
     assert latest is not None and latest.resources["llm"].endpoint == f"{url}/v1"  # type: ignore[union-attr]
     assert latest.resources["llm"].model == "smollm2-135m"  # type: ignore[union-attr]
     assert reply["system_fingerprint"] == "step-3"

@@ -26,7 +26,7 @@ from agentbolt.inference.base import InferenceBackend
 from agentbolt.server.dashboard_api import router as dashboard_router
 from agentbolt.server.dashboard_run import router as run_router
 from agentbolt.server.errors import document_common_errors, install_error_handlers
-from agentbolt.server.gateway.routes import plain_router as plain_gateway_router
+from agentbolt.server.gateway.plain_routes import plain_router as plain_gateway_router
 from agentbolt.server.gateway.routes import router as gateway_router
 from agentbolt.server.gateway.sampling import VersionLLMCache
 from agentbolt.server.gateway.swap import WeightSwapGate
@@ -98,7 +98,7 @@ def create_app(
     app.state.swap_gate = swap_gate if swap_gate is not None else WeightSwapGate()
     app.state.version_llms = VersionLLMCache()
     app.state.max_body_bytes = max_body_bytes
-    app.state.unscoped_calls = 0  # LLM calls at /v1/chat/completions, outside any attempt (recorded nowhere)
+    app.state.unscoped_calls = 0  # LLM calls at the plain /v1 routes, outside any attempt (recorded nowhere)
     install_error_handlers(app)
 
     app.include_router(dashboard_router)  # before store_router: /v1/rollouts/search is not a rollout id

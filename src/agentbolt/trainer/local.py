@@ -424,7 +424,7 @@ class LocalServing:
         gate: the gateway's weight-swap gate.
         model_setup_s: seconds spent preparing and loading the model.
         runners: the runner processes.
-        unscoped_calls: how many LLM calls reached the server's root ``/v1/chat/completions`` so far (recorded
+        unscoped_calls: how many LLM calls reached the server's plain ``/v1`` LLM routes so far (recorded
             nowhere: an agent that ignored ``llm.endpoint``).
         runner_exits: runner processes that exited while the job ran (:attr:`RunnerWatch.exits`), filled as it runs.
     """

@@ -139,7 +139,7 @@ class FailureWatch:
         n_truncated / n_calls: trained calls cut at ``max_tokens``, and all trained calls, over the run.
         empty_streak: consecutive steps, up to the last one seen, without a trainable trajectory.
         steps_seen: steps counted (this process's).
-        unscoped_calls: reads how many LLM calls have reached the server's root ``/v1/chat/completions`` so far
+        unscoped_calls: reads how many LLM calls have reached the server's plain ``/v1`` LLM routes so far
             (recorded nowhere: an agent that ignored ``llm.endpoint``); ``None`` when the server is not in reach.
         unscoped_total / unscoped_last_step: such calls over the run, and during the last step seen.
     """
@@ -204,7 +204,7 @@ class FailureWatch:
         if not self.unscoped_last_step:
             return None
         return (
-            f"  {self.unscoped_last_step} LLM calls reached the server's root /v1/chat/completions (no rollout in the "
+            f"  {self.unscoped_last_step} LLM calls reached the server's plain /v1 routes (no rollout in the "
             "URL): they are recorded nowhere and train nothing; the agent's client must use base_url=llm.endpoint"
         )
 

@@ -144,6 +144,11 @@ def conformance_markdown() -> str:
         "drops penalties and logit bias (the trainer's logprobs assume the plain tempered distribution); what the",
         "agent asked for is recorded as `agentbolt.llm.sampling_requested`.",
         "",
+        "The same routes answer at the server's plain `/v1` (`/v1/chat/completions`, `/v1/completions`,",
+        "`/v1/responses`, `/v1/messages`, `/v1/messages/count_tokens`) outside any rollout, with the same fields, and",
+        'record nothing: "recorded" fields are then accepted and dropped, and `previous_response_id` is refused',
+        "(no response is kept to continue from).",
+        "",
     ]
     for protocol, (route, fields) in PROTOCOLS.items():
         lines += [f"## {protocol}: `{route}`", ""]

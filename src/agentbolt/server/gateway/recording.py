@@ -190,3 +190,19 @@ class CallRecorder:
             attributes=attributes,
             status=status,
         )
+
+
+class UnrecordedCall(CallRecorder):
+    """A :class:`CallRecorder` that stores nothing and keeps no attempt alive: the plain ``/v1`` routes, outside any
+    rollout, serve through the same code as the recorded ones (:mod:`agentbolt.server.gateway.plain_routes`)."""
+
+    def __init__(self, store: LightningStore, response_id: str) -> None:
+        super().__init__(store, "", "", {}, response_id)
+
+    @contextlib.asynccontextmanager
+    async def keepalive(self) -> AsyncIterator[None]:
+        """No attempt to keep alive."""
+        yield
+
+    async def record(self, spans: list[Span]) -> None:
+        """Nothing is stored."""

@@ -42,7 +42,6 @@ import asyncio
 import dataclasses
 import logging
 import re
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -117,7 +116,7 @@ class Wire:
     error_body: Callable[[ErrorInfo], dict[str, Any]] = error_body
 
 
-def _error_response(wire: Wire, info: ErrorInfo) -> JSONResponse:
+def wire_error(wire: Wire, info: ErrorInfo) -> JSONResponse:
     return JSONResponse(status_code=info.status, content=wire.error_body(info))
 
 
@@ -335,14 +334,14 @@ async def serve_call(
     store: LightningStore = request.app.state.store
     backend: InferenceBackend | None = request.app.state.backend
     if backend is None:
-        return _error_response(wire, ErrorInfo(503, "api_error", NO_BACKEND_MESSAGE, "no_backend"))
+        return wire_error(wire, ErrorInfo(503, "api_error", NO_BACKEND_MESSAGE, "no_backend"))
     try:
         rollout, attempt = await _check_attempt_open(store, rollout_id, attempt_id)
         spec = make_spec()
         if asyncio.iscoroutine(spec):
             spec = await spec
     except AgentboltError as exc:
-        return _error_response(wire, error_info(exc))
+        return wire_error(wire, error_info(exc))
     assert isinstance(spec, CallSpec)
 
     llm = await request.app.state.version_llms.get(store, attempt.resources_id)
@@ -352,7 +351,7 @@ async def serve_call(
     try:
         check_backend_fields(backend, requests[0])
     except AgentboltError as exc:
-        return _error_response(wire, error_info(exc))
+        return wire_error(wire, error_info(exc))
     attributes = _request_attributes(spec, sampling, requested, backend, request)
     held: AgentboltError | None = None
     gate: WeightSwapGate | None = getattr(request.app.state, "swap_gate", None)
@@ -376,12 +375,12 @@ async def serve_call(
     if held is not None:  # the weight swap outlasted the gate's hold limit
         answer, spans = _failed_call_spans(recorder, [held] * len(requests), spec)
         await recorder.record(spans)
-        return _error_response(wire, answer)
+        return wire_error(wire, answer)
     context = CallContext(recorder.response_id, int(recorder.start_s), backend.model_name, sampling)
     if spec.stream:  # the session keeps the attempt alive while it streams
-        return await _serve_stream(recorder, backend, requests, spec, wire, context)
+        return await serve_stream(recorder, backend, requests, spec, wire, context)
     async with recorder.keepalive():
-        return await _serve_whole(request, recorder, backend, requests, spec, wire, context)
+        return await serve_whole(request, recorder, backend, requests, spec, wire, context)
 
 
 DISCONNECT_POLL_S = 0.5
@@ -425,7 +424,7 @@ async def _client_gone(request: Request) -> None:
         await asyncio.sleep(DISCONNECT_POLL_S)
 
 
-async def _serve_whole(
+async def serve_whole(
     request: Request,
     recorder: CallRecorder,
     backend: InferenceBackend,
@@ -439,15 +438,15 @@ async def _serve_whole(
         gone = ErrorInfo(499, "client_closed_request", "the client disconnected before the answer", CLIENT_GONE_CODE)
         exc = ConnectionAbortedError(gone.message)
         await recorder.record([recorder.error_span(index, gone, exc) for index in range(len(requests))])
-        return _error_response(wire, gone)
+        return wire_error(wire, gone)
     outcomes: list[GenerationResult | BaseException] = maybe
     refused = next((o for o in outcomes if isinstance(o, RequestRefused)), None)
     if refused is not None:  # a field the backend cannot honour: nothing was generated, nothing is recorded
-        return _error_response(wire, error_info(refused))
+        return wire_error(wire, error_info(refused))
     if any(isinstance(o, BaseException) for o in outcomes):
         answer, spans = _failed_call_spans(recorder, outcomes, spec)
         await recorder.record(spans)
-        return _error_response(wire, answer)
+        return wire_error(wire, answer)
     outputs = [choice_output(index, o, spec) for index, o in enumerate(outcomes) if isinstance(o, GenerationResult)]
     await recorder.record(
         [recorder.result_span(o.index, o.result, message_body(o.content, o.tool_calls), o.finish) for o in outputs]
@@ -455,7 +454,7 @@ async def _serve_whole(
     return JSONResponse(wire.body(spec, outputs, context))
 
 
-async def _serve_stream(
+async def serve_stream(
     recorder: CallRecorder,
     backend: InferenceBackend,
     requests: list[GenerationRequest],
@@ -473,7 +472,7 @@ async def _serve_stream(
             for stream in started:
                 if not isinstance(stream, BaseException):
                     stream.cancel()
-            return _error_response(wire, error_info(refused))
+            return wire_error(wire, error_info(refused))
         outcomes: list[GenerationResult | BaseException] = []
         for stream in started:
             if isinstance(stream, BaseException):
@@ -486,7 +485,7 @@ async def _serve_stream(
                 outcomes.append(exc)
         answer, spans = _failed_call_spans(recorder, outcomes, spec)
         await recorder.record(spans)
-        return _error_response(wire, answer)
+        return wire_error(wire, answer)
     streams = [s for s in started if not isinstance(s, BaseException)]
     prompt_tokens = getattr(streams[0], "prompt_tokens", None) if streams else None
     context = dataclasses.replace(context, prompt_tokens=prompt_tokens)
@@ -501,10 +500,10 @@ def gateway_validation_error(path: str, message: str) -> JSONResponse | None:
     if not path.startswith("/v1/") or not path.endswith(("/completions", "/responses", "/messages", "/count_tokens")):
         return None
     wire = MESSAGES if path.endswith(("/messages", "/count_tokens")) else CHAT
-    return _error_response(wire, ErrorInfo(400, "invalid_request_error", message, "invalid_json"))
+    return wire_error(wire, ErrorInfo(400, "invalid_request_error", message, "invalid_json"))
 
 
-_BODY_DOC = "The protocol's request body (JSON object); every field is honoured, recorded or refused with a 400."
+BODY_DOC = "The protocol's request body (JSON object); every field is honoured, recorded or refused with a 400."
 
 
 class OpenAIErrorObject(BaseModel):
@@ -548,14 +547,14 @@ _GATEWAY_ERRORS: dict[int, str] = {
 """The gateway's error answers, in the protocol's own shape (the guards' 401 and 413 are declared app-wide)."""
 
 
-def _errors(answer: type[BaseModel], *statuses: int) -> dict[int | str, dict[str, Any]]:
+def errors_doc(answer: type[BaseModel], *statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: {"model": answer, "description": _GATEWAY_ERRORS[status]} for status in statuses}
 
 
 _CALL_ERRORS = (400, 404, 409, 502, 503)
 
 
-def _responses(kind: str, errors: dict[int | str, dict[str, Any]]) -> dict[int | str, dict[str, Any]]:
+def responses_doc(kind: str, errors: dict[int | str, dict[str, Any]]) -> dict[int | str, dict[str, Any]]:
     return {
         200: {
             "description": f"{kind}, or with ``stream: true`` a server-sent event stream.",
@@ -567,10 +566,10 @@ def _responses(kind: str, errors: dict[int | str, dict[str, Any]]) -> dict[int |
 
 @router.post(
     "/chat/completions",
-    responses=_responses("A ``chat.completion`` object", _errors(OpenAIErrorAnswer, *_CALL_ERRORS)),
+    responses=responses_doc("A ``chat.completion`` object", errors_doc(OpenAIErrorAnswer, *_CALL_ERRORS)),
 )
 async def chat_completions(
-    rollout_id: str, attempt_id: str, request: Request, body: dict[str, Any] = Body(description=_BODY_DOC)
+    rollout_id: str, attempt_id: str, request: Request, body: dict[str, Any] = Body(description=BODY_DOC)
 ) -> Response:
     """OpenAI Chat Completions for one attempt: served by the inference backend, recorded as one
     ``agentbolt.llm_call`` span per choice with the exact token ids. Every request field of the real API is
@@ -584,10 +583,10 @@ async def chat_completions(
 
 @router.post(
     "/completions",
-    responses=_responses("A ``text_completion`` object", _errors(OpenAIErrorAnswer, *_CALL_ERRORS)),
+    responses=responses_doc("A ``text_completion`` object", errors_doc(OpenAIErrorAnswer, *_CALL_ERRORS)),
 )
 async def completions(
-    rollout_id: str, attempt_id: str, request: Request, body: dict[str, Any] = Body(description=_BODY_DOC)
+    rollout_id: str, attempt_id: str, request: Request, body: dict[str, Any] = Body(description=BODY_DOC)
 ) -> Response:
     """OpenAI (legacy) Completions for one attempt: the prompt (text or token ids) is fed as it is, without a chat
     template; recorded like a chat call, with the exact ids. ``stop``, ``logprobs`` (0..5, the legacy shape),
@@ -623,9 +622,11 @@ async def previous_messages(store: LightningStore, rollout_id: str, response_id:
     )
 
 
-@router.post("/responses", responses=_responses("A ``response`` object", _errors(OpenAIErrorAnswer, *_CALL_ERRORS)))
+@router.post(
+    "/responses", responses=responses_doc("A ``response`` object", errors_doc(OpenAIErrorAnswer, *_CALL_ERRORS))
+)
 async def responses(
-    rollout_id: str, attempt_id: str, request: Request, body: dict[str, Any] = Body(description=_BODY_DOC)
+    rollout_id: str, attempt_id: str, request: Request, body: dict[str, Any] = Body(description=BODY_DOC)
 ) -> Response:
     """OpenAI Responses for one attempt: ``instructions``, input items (messages, ``function_call``,
     ``function_call_output``), function tools, ``previous_response_id`` (resolved from the calls recorded in this
@@ -644,10 +645,10 @@ async def responses(
 
 @router.post(
     "/messages",
-    responses=_responses("An Anthropic ``message`` object", _errors(AnthropicErrorAnswer, *_CALL_ERRORS)),
+    responses=responses_doc("An Anthropic ``message`` object", errors_doc(AnthropicErrorAnswer, *_CALL_ERRORS)),
 )
 async def messages(
-    rollout_id: str, attempt_id: str, request: Request, body: dict[str, Any] = Body(description=_BODY_DOC)
+    rollout_id: str, attempt_id: str, request: Request, body: dict[str, Any] = Body(description=BODY_DOC)
 ) -> Response:
     """Anthropic Messages for one attempt: ``system``, content blocks, ``tool_use``/``tool_result``,
     ``stop_sequences``, ``tool_choice``, ``stream`` with the typed events; ``x-api-key`` is accepted like a bearer
@@ -656,24 +657,33 @@ async def messages(
     return await serve_call(request, rollout_id, attempt_id, lambda: anthropic_format.messages_call(body), MESSAGES)
 
 
-@router.post("/messages/count_tokens", responses=_errors(AnthropicErrorAnswer, 400, 404, 409, 503))
+@router.post("/messages/count_tokens", responses=errors_doc(AnthropicErrorAnswer, 400, 404, 409, 503))
 async def count_tokens(
-    rollout_id: str, attempt_id: str, request: Request, body: dict[str, Any] = Body(description=_BODY_DOC)
+    rollout_id: str, attempt_id: str, request: Request, body: dict[str, Any] = Body(description=BODY_DOC)
 ) -> Response:
     """Anthropic ``count_tokens``: ``{"input_tokens": N}``, the prompt's length as the served model's chat template
     renders it. Needs a backend that tokenizes (embedded, a token engine); others answer 400."""
-    backend: InferenceBackend | None = request.app.state.backend
+    if request.app.state.backend is not None:
+        try:
+            await _check_attempt_open(request.app.state.store, rollout_id, attempt_id)
+        except AgentboltError as exc:
+            return wire_error(MESSAGES, error_info(exc))
+    return count_prompt_tokens(request.app.state.backend, body)
+
+
+def count_prompt_tokens(backend: InferenceBackend | None, body: dict[str, Any]) -> Response:
+    """Anthropic ``count_tokens`` of ``body`` on ``backend``: ``{"input_tokens": N}``, or the error in Anthropic's
+    shape (503 no backend; 400 a bad body, or a backend that does not tokenize)."""
     if backend is None:
-        return _error_response(MESSAGES, ErrorInfo(503, "api_error", NO_BACKEND_MESSAGE, "no_backend"))
+        return wire_error(MESSAGES, ErrorInfo(503, "api_error", NO_BACKEND_MESSAGE, "no_backend"))
     try:
-        await _check_attempt_open(request.app.state.store, rollout_id, attempt_id)
         spec = anthropic_format.count_tokens_call(body)
         encode = getattr(backend, "encode_prompt", None)
         if encode is None:
             raise RequestRefused("count_tokens needs a backend that tokenizes the prompt (embedded, or a token engine)")
         ids = encode(spec.messages, spec.tools, spec.chat_template_kwargs)
     except AgentboltError as exc:
-        return _error_response(MESSAGES, error_info(exc))
+        return wire_error(MESSAGES, error_info(exc))
     return JSONResponse({"input_tokens": len(ids)})
 
 
@@ -685,78 +695,14 @@ def models_body(backend: InferenceBackend) -> dict[str, Any]:
     }
 
 
-@router.get("/models", responses=_errors(OpenAIErrorAnswer, 404, 503))
+@router.get("/models", responses=errors_doc(OpenAIErrorAnswer, 404, 503))
 async def rollout_models(rollout_id: str, attempt_id: str, request: Request) -> Response:
     """OpenAI ``GET /v1/models`` under the attempt's base URL: the served model (404 for an unknown attempt)."""
     backend: InferenceBackend | None = request.app.state.backend
     if backend is None:
-        return _error_response(CHAT, ErrorInfo(503, "api_error", NO_BACKEND_MESSAGE, "no_backend"))
+        return wire_error(CHAT, ErrorInfo(503, "api_error", NO_BACKEND_MESSAGE, "no_backend"))
     try:
         await request.app.state.store.get_attempt(rollout_id, attempt_id)
     except AgentboltError as exc:
-        return _error_response(CHAT, error_info(exc))
+        return wire_error(CHAT, error_info(exc))
     return JSONResponse(models_body(backend))
-
-
-plain_router = APIRouter(prefix="/v1")
-"""``POST /v1/chat/completions`` and ``GET /v1/models``: the served model outside any rollout, for callers that are
-not agents (the prompt optimizer's LLM, a quick check with the ``openai`` client). Nothing is recorded."""
-
-
-@plain_router.get("/models", responses=_errors(OpenAIErrorAnswer, 503))
-async def plain_models(request: Request) -> Response:
-    """OpenAI ``GET /v1/models``: the served model."""
-    backend: InferenceBackend | None = request.app.state.backend
-    if backend is None:
-        return _error_response(CHAT, ErrorInfo(503, "api_error", NO_BACKEND_MESSAGE, "no_backend"))
-    return JSONResponse(models_body(backend))
-
-
-@plain_router.post(
-    "/chat/completions",
-    responses=_responses("A ``chat.completion`` object", _errors(OpenAIErrorAnswer, 400, 502, 503)),
-)
-async def plain_chat_completions(request: Request, body: dict[str, Any] = Body(description=_BODY_DOC)) -> Response:
-    """OpenAI Chat Completions served by the inference backend and recorded nowhere (no rollout, no spans): for
-    callers that are not agents, such as the optimizer LLM of APO and GEPA. Same fields as the rollout route;
-    with ``stream`` the whole answer is sent as OpenAI's chunks once it is generated (an agent served a trained
-    checkpoint with ``agentbolt serve --adapter`` keeps its streaming client). The weight-swap gate applies. Errors
-    answer in OpenAI's shape: 503 without a backend, 400 bad values or context length exceeded, 502/503 backend
-    failures."""
-    backend: InferenceBackend | None = request.app.state.backend
-    request.app.state.unscoped_calls += 1  # a job reports these: an agent that missed its llm.endpoint lands here
-    if backend is None:
-        return _error_response(CHAT, ErrorInfo(503, "api_error", NO_BACKEND_MESSAGE, "no_backend"))
-    try:
-        spec = chat_call(body)
-    except AgentboltError as exc:
-        return _error_response(CHAT, error_info(exc))
-    gate: WeightSwapGate | None = getattr(request.app.state, "swap_gate", None)
-    if gate is not None:
-        try:
-            await gate.admit()
-        except AgentboltError as exc:
-            return _error_response(CHAT, error_info(exc))
-    sampling = resolve_sampling(spec.sampling_requested, None)
-    requests = generation_requests(spec, sampling)
-    try:
-        check_backend_fields(backend, requests[0])
-    except AgentboltError as exc:
-        return _error_response(CHAT, error_info(exc))
-    outcomes = await asyncio.gather(*(backend.generate(r) for r in requests), return_exceptions=True)
-    failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
-    if failed is not None:
-        return _error_response(CHAT, error_info(failed))
-    outputs = [choice_output(index, o, spec) for index, o in enumerate(outcomes) if isinstance(o, GenerationResult)]
-    context = CallContext(f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time()), backend.model_name, sampling)
-    if spec.stream:  # generated whole: the chunks of the whole answer, as a streaming client reads them
-        encoder = CHAT.encoder(spec, context)
-        events = encoder.begin()
-        for output in outputs:
-            events += encoder.choice_begin(output.index)
-            if output.content:
-                events += encoder.text(output.index, output.content)
-            events += encoder.choice_end(output)
-        events += encoder.end(outputs)
-        return Response("".join(events), media_type="text/event-stream")
-    return JSONResponse(CHAT.body(spec, outputs, context))
