@@ -5,7 +5,7 @@ per rollout, in GRPO groups of two per task; one rollout raises.
 Pinned: ``export --kind rl`` from the file writes Parquet that pandas reads and that loads back into exactly the
 samples the trainer's pipeline builds from the same rollouts; ``--resources`` and ``--mode`` filter; ``export --kind
 sft`` through the server's URL (token from AGENTBOLT_TOKEN) writes OpenAI chat rows that pandas reads;
-``inspect`` shows the span tree (LLM calls, reward) and the failed attempt's error, and ``--json`` is the same as
+``inspect`` shows the span tree (LLM calls, reward) and the failed attempt's error and traceback, and ``--json`` is the same as
 data; bad input exits 2 with a message that says what to do.
 """
 
@@ -136,6 +136,11 @@ def test_export_and_inspect_a_real_store(tmp_path: Path, smollm2_dir: Path) -> N
                 assert shown.returncode == 0, shown.stdout + shown.stderr
                 assert shown.stdout.count("LLM call") == 2 and "reward format = 0.5" in shown.stdout
                 assert "reward (final) = 0.0" in shown.stdout and "succeeded" in shown.stdout
+                # the failed attempt's traceback, in the terminal too (was: only with --json)
+                shown = await asyncio.to_thread(_cli, "inspect", ids[-1], "--store", url, "--token", TOKEN)
+                assert shown.returncode == 0, shown.stdout + shown.stderr
+                assert "traceback of attempt 1" in shown.stdout and "Traceback (most recent call last)" in shown.stdout
+                assert 'raise RuntimeError("the tool broke")' in shown.stdout
                 failed = await asyncio.to_thread(_cli, "inspect", ids[-1], "--store", url, "--token", TOKEN, "--json")
                 assert failed.returncode == 0, failed.stdout + failed.stderr
                 data = json.loads(failed.stdout)

@@ -76,3 +76,15 @@ def test_error_text_keeps_its_brackets(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["train", str(config)])
     assert result.exit_code == 2, result.output
     assert "pip install 'agentbolt[verl]'" in result.output and "Traceback" not in result.output
+
+
+def test_a_bad_option_value_is_named_by_its_option(tmp_path: Path) -> None:
+    """A value the options' config refuses names the option (was: only pydantic's reason, "Input should be ...")."""
+    out = str(tmp_path / "x.jsonl")
+    store = str(tmp_path / "s.db")
+    result = CliRunner().invoke(app, ["export", "--store", store, "--kind", "foo", "--out", out])
+    assert result.exit_code == 2 and "--kind: Input should be 'sft' or 'rl'" in result.output, result.output
+    result = CliRunner().invoke(app, ["export", "--store", store, "--kind", "rl", "--format", "xml", "--out", out])
+    assert result.exit_code == 2 and "--format: Input should be 'jsonl' or 'parquet'" in result.output
+    result = CliRunner().invoke(app, ["demo", "--group-size", "0", "--out", str(tmp_path / "d")])
+    assert result.exit_code == 2 and "--group-size: Input should be greater than or equal to 1" in result.output

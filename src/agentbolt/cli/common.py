@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from types import FrameType
 from typing import Any, NoReturn
 
@@ -124,10 +124,19 @@ def _finish_multiprocessing() -> None:
             finish()
 
 
-def fail(exc: Exception) -> NoReturn:
-    """Print ``exc`` as one error line (a validation error: only its reasons) and exit with status 2."""
+def fail(exc: Exception, options: Mapping[str, str] | None = None) -> NoReturn:
+    """Print ``exc`` as one error line and exit with status 2. A validation error of a config built from the
+    command's options is shown as its reasons, each after the option it is about: ``options`` maps a config field
+    to its option (``{"resources_id": "--resources"}``); other fields are shown as ``--field-name``."""
     if isinstance(exc, ValidationError):  # a config object refused the options: show only the reasons
-        message = "; ".join(str(err.get("msg", err)) for err in exc.errors())
+        reasons = []
+        for err in exc.errors():
+            loc = err.get("loc") or ()
+            field = str(loc[0]) if loc else ""
+            name = (options or {}).get(field) or ("--" + field.replace("_", "-") if field else "")
+            reason = str(err.get("msg", err)).removeprefix("Value error, ")
+            reasons.append(f"{name}: {reason}" if name else reason)
+        message = "; ".join(reasons)
     else:
         message = str(exc)
     # The message is plain text: escaped, so "pip install 'agentbolt[verl]'" keeps its brackets.

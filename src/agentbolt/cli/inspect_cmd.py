@@ -19,6 +19,7 @@ from typing import Any
 from rich.console import Group, RenderableType
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 from rich.tree import Tree
 
 from agentbolt import semconv
@@ -192,6 +193,9 @@ def _duration(seconds: float | None) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
+TRACEBACK_LINES = 40
+"""How many of a failed attempt's traceback lines ``inspect`` shows (the last ones: where it was raised)."""
+
 _STYLES = {"llm": "cyan", "llm_tracer": "cyan", "tool": "magenta", "reward": "green", "exception": "red"}
 
 
@@ -244,4 +248,14 @@ def render(inspection: Inspection) -> RenderableType:
         _add(tree, root)
     if not inspection.roots:
         tree.add("[dim](no spans)[/]")
-    return Group(head, attempts, tree)
+    parts: list[RenderableType] = [head, attempts, tree]
+    trace = (a.error or {}).get("traceback")
+    if isinstance(trace, str) and trace.strip():
+        lines = trace.rstrip().splitlines()
+        cut = len(lines) - TRACEBACK_LINES
+        shown = lines[-TRACEBACK_LINES:] if cut > 0 else lines
+        title = f"traceback of attempt {a.sequence_id}" + (
+            f" (its last {TRACEBACK_LINES} lines; --json has all)" if cut > 0 else ""
+        )
+        parts += [Text(title, style="bold red"), Text("\n".join(shown))]
+    return Group(*parts)

@@ -43,7 +43,7 @@ def demo(
         )
         run_job(run_training(config, console))
     except (AgentboltError, ValidationError) as exc:
-        fail(exc)
+        fail(exc, {"out_dir": "--out"})
 
 
 def train(

@@ -340,6 +340,15 @@ STORE_HELP = (
 )
 
 
+EXPORT_OPTIONS = {
+    "resources_id": "--resources",
+    "credit_assignment": "--credit",
+    "advantage_estimator": "--estimator",
+    "merge_samples": "--merge",
+}
+"""The ``export`` options whose ExportConfig field has another name (the others are ``--field-name``)."""
+
+
 @app.command()
 def export(
     store: str = typer.Option(..., help=STORE_HELP),
@@ -376,7 +385,7 @@ def export(
         )
         asyncio.run(run_export(config, token=token, console=console))
     except (AgentboltError, ValidationError) as exc:
-        fail(exc)
+        fail(exc, EXPORT_OPTIONS)
 
 
 @app.command()
