@@ -166,8 +166,16 @@ def test_serve_adapter_refusals(tmp_path: Path, smollm2_dir: Path) -> None:
     empty.mkdir()
     result = serve("--adapter", str(empty))
     assert result.returncode == 2 and "holds no LoRA adapter" in result.stdout + result.stderr
-    checkpoint = tmp_path / "ck"
+    checkpoint = tmp_path / "run" / "checkpoints" / "step-3"
     _write_checkpoint(smollm2_dir, checkpoint)
+    # folders next to a checkpoint: the error names the one to give
+    for near in (tmp_path / "run", tmp_path / "run" / "checkpoints"):
+        result = serve("--adapter", str(near))
+        said = " ".join((result.stdout + result.stderr).split())
+        assert result.returncode == 2 and "not one checkpoint" in said and f"--adapter {checkpoint}" in said, said
+    result = serve("--adapter", str(smollm2_dir))  # a whole model folder: --model FOLDER
+    said = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 2 and f"serve it with --model {smollm2_dir}" in said, said
     result = serve("--adapter", str(checkpoint), "--model", "qwen2.5-0.5b")
     assert result.returncode == 2 and "was trained from 'smollm2-135m'" in result.stdout + result.stderr
     result = serve("--adapter", str(checkpoint), "--backend", "vllm", "--backend-url", "http://127.0.0.1:1/v1")

@@ -171,6 +171,7 @@ def _adapter_model(adapter: Path, model: str | None, backend_kind: str | None) -
         raise ConfigError("--adapter needs the embedded backend (it merges the adapter into the weights it serves)")
     if not adapter.is_dir():
         raise ConfigError(f"--adapter {adapter}: no such folder; give a checkpoint folder OUT/checkpoints/step-N")
+    _near_miss_adapter(adapter)
     check_adapter_files(adapter)  # a damaged adapter fails here, before the model loads
     if not (adapter / CHECKPOINT_FILE).is_file():  # a bare peft adapter folder: the model must be named
         if model is None:
@@ -180,6 +181,37 @@ def _adapter_model(adapter: Path, model: str | None, backend_kind: str | None) -
     if model is not None and model != info.model:
         raise ConfigError(f"{adapter} was trained from {info.model!r}, not {model!r}; drop --model or pass that one")
     return info.model, info.model_version
+
+
+def _near_miss_adapter(folder: Path) -> None:
+    """Refuse, with the right argument to give, a folder that is next to a checkpoint rather than one: a run's output
+    folder or its ``checkpoints`` folder (-> one of its checkpoints), or a full model folder such as
+    ``export-model`` writes (-> ``--model FOLDER``: the adapter is merged into it already).
+
+    Raises:
+        ConfigError: naming the folder to give instead.
+    """
+    from agentbolt.algorithms.rl.adapter_files import ADAPTER_CONFIG
+    from agentbolt.errors import ConfigError
+    from agentbolt.trainer.checkpoint import best_checkpoint, list_checkpoints
+
+    if (folder / ADAPTER_CONFIG).is_file():
+        return
+    out = folder.parent if folder.name == "checkpoints" else folder
+    found = list_checkpoints(out)
+    if found:
+        chosen = best_checkpoint(found) or found[-1]
+        which = "the best by validation accuracy" if best_checkpoint(found) else "the newest"
+        what = "checkpoints folder" if out is not folder else "output folder"
+        raise ConfigError(
+            f"{folder} is a run's {what}, not one checkpoint; give one of its checkpoints "
+            f"({', '.join(info.path.name for info in found)}), e.g. --adapter {chosen.path} ({which})"
+        )
+    if (folder / "config.json").is_file() and any(folder.glob("*.safetensors")):
+        raise ConfigError(
+            f"{folder} is a whole model (as export-model writes), with any adapter merged into it already: serve it "
+            f"with --model {folder} (no --adapter)"
+        )
 
 
 @app.command()
