@@ -5,8 +5,8 @@ per rollout, in GRPO groups of two per task; one rollout raises.
 Pinned: ``export --kind rl`` from the file writes Parquet that pandas reads and that loads back into exactly the
 samples the trainer's pipeline builds from the same rollouts; ``--resources`` and ``--mode`` filter; ``export --kind
 sft`` through the server's URL (token from AGENTBOLT_TOKEN) writes OpenAI chat rows that pandas reads;
-``inspect`` shows the span tree (LLM calls, reward) and the failed attempt's error and traceback, and ``--json`` is the same as
-data; bad input exits 2 with a message that says what to do.
+``inspect`` shows the span tree (LLM calls, reward) and the failed attempt's error and traceback, and ``--json`` is
+the same as data; bad input exits 2 with a message that says what to do.
 """
 
 from __future__ import annotations
