@@ -162,3 +162,21 @@ def test_the_resolved_config_of_a_checkpoint_reads_back(tmp_path: Path) -> None:
     assert again == config and again.trainer_settings.learning_rate == 0.001
     resumed = load_train_config(path, ["resume=true"])
     assert resumed.resume and resumed.torch_trainer.kl_coef == 0.1
+
+
+def test_validation_bars_say_their_value_even_at_zero(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 0% bar has no height: its label is what shows it; a set scored only before (or after) says n/a."""
+    import matplotlib.pyplot as plt
+
+    from agentbolt.trainer.plots import plot_reward_curve
+
+    closed: list = []
+    monkeypatch.setattr(plt, "close", closed.append)  # keep the figure to read its texts back
+    out = tmp_path / "reward_curve.png"
+    plot_reward_curve(out, [0.2, None, 0.5], {"a": 0.0, "b": 0.5, "c": 0.125}, {"a": 1.0, "b": 0.0})
+    assert out.stat().st_size > 10_000
+    [figure] = closed
+    bars = figure.axes[1]
+    texts = [t.get_text() for t in bars.texts]
+    assert sorted(texts) == sorted(["0%", "50%", "12.5%", "100%", "0%", "", "n/a"])
+    figure.clf()

@@ -66,13 +66,22 @@ def plot_reward_curve(
     names = list(dict.fromkeys([*val_before, *val_after]))
     xs = range(len(names))
     width = 0.38
-    ax2.bar([x - width / 2 for x in xs], [val_before.get(n, 0.0) for n in names], width, label="before")
-    ax2.bar([x + width / 2 for x in xs], [val_after.get(n, 0.0) for n in names], width, label="after")
+    for offset, label, values in ((-width / 2, "before", val_before), (width / 2, "after", val_after)):
+        # each bar carries its value, so a 0% bar (no height) still reads "0%"; a set not scored reads "n/a"
+        heights = [values.get(n, math.nan) for n in names]
+        bars = ax2.bar([x + offset for x in xs], heights, width, label=label)
+        texts = ["" if math.isnan(h) else f"{h:.1%}".replace(".0%", "%") for h in heights]  # 12.5%, 0%
+        ax2.bar_label(bars, labels=texts, padding=2, fontsize=8)
+        for x, h in zip(xs, heights, strict=True):
+            if math.isnan(h):
+                ax2.text(x + offset, 0.01, "n/a", ha="center", va="bottom", fontsize=8, color="gray")
     ax2.set_xticks(list(xs), names, rotation=15)
-    ax2.set_ylim(0, 1)
+    ax2.set_xlim(-0.6, len(names) - 0.4)  # a set scored only before or after keeps its slot
+    ax2.set_ylim(0, 1.25)  # room above 100% for the labels and the legend
     ax2.set_ylabel("accuracy")
     ax2.set_title("validation accuracy")
-    ax2.legend()
+    ax2.set_yticks([0, 0.25, 0.5, 0.75, 1.0])
+    ax2.legend(loc="upper right", ncols=2, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
