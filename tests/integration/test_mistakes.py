@@ -197,3 +197,5 @@ def test_a_run_whose_every_update_was_skipped_warns_that_its_checkpoints_are_unt
     assert summary["updates_applied"] == 0
     assert summary["updates_skipped"] == {"every advantage is 0": 2}
     assert summary["train_reward"] == [0.5, 0.5] and summary["failure_causes"] == {}
+    # off a terminal, no tqdm frames of transformers' model loading in the log (agentbolt prints plain lines there)
+    assert "Loading weights" not in text and "it/s]" not in text, text

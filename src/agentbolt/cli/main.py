@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
 from pathlib import Path
 
 import typer
@@ -14,8 +16,23 @@ from agentbolt.cli import jobs
 from agentbolt.cli.common import console, fail, print_table
 from agentbolt.errors import AgentboltError
 
+QUIET_BARS_ENV = {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+"""Set (unless already set) when stderr is not a terminal: the tqdm bars of transformers and huggingface_hub (model
+loading, GGUF conversion) would write carriage-return frames into a log file; agentbolt's own progress prints plain
+lines there (:class:`agentbolt.trainer.progress_bars.JobProgress`). Child processes (runners) inherit them."""
+
+
+def _quiet_bars_off_a_terminal() -> None:
+    if not sys.stderr.isatty():
+        for key, value in QUIET_BARS_ENV.items():
+            os.environ.setdefault(key, value)
+
+
 app = typer.Typer(
-    add_completion=False, no_args_is_help=True, help="agentbolt: train any LLM agent from its own executions."
+    add_completion=False,
+    no_args_is_help=True,
+    help="agentbolt: train any LLM agent from its own executions.",
+    callback=_quiet_bars_off_a_terminal,
 )
 
 

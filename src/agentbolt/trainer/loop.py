@@ -28,6 +28,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
+import json
 import logging
 import math
 import random
@@ -92,6 +94,17 @@ class ServingBackend(Protocol):
     def paused(self) -> Any: ...
 
     def set_model_version(self, version: str) -> None: ...
+
+
+def task_identity(task: dict[str, Any]) -> str:
+    """A task's ``task_id`` as text, or for a task without one ``task-`` and 12 hex digits of a SHA-256 of its JSON
+    (sorted keys): the same task gets the same id in every step and run, and rollouts of one task in a step form one
+    GRPO group either way (the id was the task's position within its step, which repeated across steps)."""
+    given = task.get("task_id")
+    if given is not None:
+        return str(given)
+    text = json.dumps(task, sort_keys=True, default=str, ensure_ascii=False)
+    return "task-" + hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)
@@ -386,7 +399,7 @@ class RLTrainer:
         metadata: dict[str, Any] | None = None,
     ) -> list[str]:
         """Enqueue every task ``repeats`` times under ``resources_id`` with the run's attempt settings; return the
-        rollout ids (metadata: the task's ``task_id``, or its index, and ``metadata``)."""
+        rollout ids (metadata: :func:`task_identity` as ``task_id``, and ``metadata``)."""
         cfg = RolloutConfig(
             max_attempts=self.config.max_attempts,
             timeout_seconds=self.config.rollout_timeout_s,
@@ -398,9 +411,9 @@ class RLTrainer:
                 mode=mode,
                 resources_id=resources_id,
                 config=cfg,
-                metadata={"task_id": str(task.get("task_id", i)), **(metadata or {})},
+                metadata={"task_id": task_identity(task), **(metadata or {})},
             )
-            for i, task in enumerate(tasks)
+            for task in tasks
             for _ in range(repeats)
         ]
         return [r.rollout_id for r in await self.store.enqueue_many(requests)]
