@@ -18,7 +18,6 @@ that ignored ``llm.endpoint`` trains nothing).
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -43,6 +42,7 @@ from agentbolt.server.gateway.routes import (
     CallContext,
     OpenAIErrorAnswer,
     Wire,
+    build_spec,
     check_backend_fields,
     count_prompt_tokens,
     errors_doc,
@@ -71,12 +71,9 @@ async def serve_unscoped(request: Request, make_spec: Callable[[], Any], wire: W
     if backend is None:
         return wire_error(wire, ErrorInfo(503, "api_error", NO_BACKEND_MESSAGE, "no_backend"))
     try:
-        spec = make_spec()
-        if asyncio.iscoroutine(spec):
-            spec = await spec
+        spec = await build_spec(make_spec)
     except AgentboltError as exc:
         return wire_error(wire, error_info(exc))
-    assert isinstance(spec, CallSpec)
     sampling = resolve_sampling(spec.sampling_requested, None)
     requests = generation_requests(spec, sampling)
     try:

@@ -325,6 +325,16 @@ def _failed_call_spans(
     return answer, spans
 
 
+async def build_spec(make_spec: Callable[[], Any]) -> CallSpec:
+    """The call's spec from ``make_spec`` (sync, or returning a coroutine). Raises what it raises (RequestRefused:
+    a field that cannot be honoured)."""
+    spec = make_spec()
+    if asyncio.iscoroutine(spec):
+        spec = await spec
+    assert isinstance(spec, CallSpec)
+    return spec
+
+
 async def serve_call(
     request: Request, rollout_id: str, attempt_id: str, make_spec: Callable[[], Any], wire: Wire
 ) -> Response:
@@ -337,12 +347,9 @@ async def serve_call(
         return wire_error(wire, ErrorInfo(503, "api_error", NO_BACKEND_MESSAGE, "no_backend"))
     try:
         rollout, attempt = await _check_attempt_open(store, rollout_id, attempt_id)
-        spec = make_spec()
-        if asyncio.iscoroutine(spec):
-            spec = await spec
+        spec = await build_spec(make_spec)
     except AgentboltError as exc:
         return wire_error(wire, error_info(exc))
-    assert isinstance(spec, CallSpec)
 
     llm = await request.app.state.version_llms.get(store, attempt.resources_id)
     sampling = resolve_sampling(spec.sampling_requested, llm)
