@@ -111,10 +111,12 @@ def serve(
         st = build_store(store)
     except AgentboltError as exc:
         fail(exc)
-    if isinstance(st, SqliteLightningStore) and not create and not st.path.exists():
+    sqlite_path = st.path if isinstance(st, SqliteLightningStore) else None
+    new_file = sqlite_path is not None and not sqlite_path.exists()
+    if new_file and not create:
         fail(
             ConfigError(
-                f"no store file at {str(st.path)!r} (from --store {store}); check the path (sqlite:/// then a "
+                f"no store file at {str(sqlite_path)!r} (from --store {store}); check the path (sqlite:/// then a "
                 "relative path, four slashes for an absolute one), or pass --create to start a new, empty store there"
             )
         )
@@ -143,7 +145,8 @@ def serve(
             await st.query_workers()  # open the store now: a bad file or an unreachable database fails here, plainly
             server_app = create_app(st, backend, token=token, max_body_bytes=max_body_bytes)
             async with serve_in_background(server_app, host, port) as url:
-                console.print(f"agentbolt serving on {url} (store {redact_url(store)}); Ctrl-C to stop")
+                made = ", a new file" if new_file else ""  # e.g. ./agentbolt.db when --store was not given
+                console.print(f"agentbolt serving on {url} (store {redact_url(store)}{made}); Ctrl-C to stop")
                 console.print(f"dashboard: {url}/" + (" (it asks for the token once)" if token else ""))
                 if adapter is not None and backend is not None:
                     # The checkpoint's agents run here unchanged: `agentbolt run` gives them this llm resource.
