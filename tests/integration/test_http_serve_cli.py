@@ -97,7 +97,7 @@ def test_serve_refuses_a_sqlite_file_that_does_not_exist_unless_told_to_create_i
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
-        assert "serving on" in line and "agentbolt.db" in line, line
+        assert "serving on" in line and "agentbolt.db, a new file" in line, line  # said, not done silently
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
