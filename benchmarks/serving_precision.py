@@ -18,16 +18,18 @@ time). This script measures both sides of that trade, on the model's own shapes 
   pi_train - log pi_serve`` over served tokens, the figure the trainer reports at each step start) and the mean
   absolute logprob difference, for each ``--scope``: ``all`` (every linear), ``attn_gate_up`` (the attention
   projections and the MLP's gate and up projections: not the down projection, whose input carries the largest
-  activations, nor the output projection).
+  activations, nor the output projection), ``smooth_qkv_gate_up`` and ``smooth_qkv_gate_up_head`` (SmoothQuant
+  scales folded into the RMSNorm weights first, ``--alpha``, calibrated on other prompts of the same set).
 
 Measured on a 2-core Intel Xeon (AVX512-VNNI, no AVX512-BF16), Qwen2.5-0.5B, 2026-12-04
-(``benchmarks/results/serving-precision-2026-12-04-xeon.jsonl``): the linears of a decode step at 1 / 10 / 16 rows
-take 77 / 109 / 125 ms prepacked float32 (served today) and 24 / 41 / 47 ms dynamic int8, 2.6-3.2x faster. But
-approx_kl against float32 is 6.1e+03 with every linear quantized (mean |dlogp| 0.79: the answers break) and 3.5e-02
-with ``attn_gate_up`` (mean |dlogp| 0.071), against 5.2e-04 for today's float32 serving against the trainer. So the
-int8 kernel is not usable as it is: the model's activation outliers need a calibrated rescaling first (SmoothQuant,
-Xiao et al. 2023, "SmoothQuant: Accurate and Efficient Post-Training Quantization for Large Language Models"), and
-its logprobs would still differ from the trainer's far more than today's.
+(``benchmarks/results/serving-precision-2026-12-04-xeon.jsonl``; 6 prompts x 40 sampled tokens, so the approx_kl
+figures are rough): the linears of a decode step at 1 / 10 / 16 rows take 72 / 109 / 126 ms prepacked float32
+(served today), 24 / 42 / 46 ms all in int8 and 39 / 60 / 76 ms mixed (q, k, v, gate, up and the output projection
+in int8), 1.65-1.9x faster. approx_kl (k3) against float32: every linear in int8 6.1e+03 (mean |dlogp| 0.79: the
+answers break), attention and gate/up without smoothing 3.5e-02 (0.071); smoothed (alpha 0.8) q, k, v, gate, up
+1.0e-03 (0.016), and with the output projection 1.5e-03 (0.020). For scale: today's float32 serving against the
+trainer measured 5.2e-04 (mean |diff| 0.018) on the demo's step-4 adapter. So int8 needs the smoothing, and it
+serves logprobs a few times farther from the trainer's than today's.
 
 Run::
 
@@ -50,25 +52,32 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 
-SCOPES = ("all", "attn_gate_up")
+SCOPES = ("all", "attn_gate_up", "smooth_qkv_gate_up", "smooth_qkv_gate_up_head")
+"""Which linears are served in int8: ``smooth_*`` first fold SmoothQuant scales into the RMSNorm weights before them
+(``o_proj`` and ``down_proj`` stay float32; ``_head`` also quantizes the output projection, smoothed into the final
+norm)."""
+
+MIXED_INT8 = ("q", "k", "v", "gate", "up", "head")
+"""The linears the speed part's ``int8_mixed`` arm runs in int8 (``smooth_qkv_gate_up_head``); o and down stay
+prepacked float32."""
 
 
-def linear_shapes(config: Any) -> list[tuple[int, int]]:
-    """``(out, in)`` of every linear one token goes through: per layer q, k, v, o, gate, up, down; then the output
-    projection."""
+def linear_shapes(config: Any) -> list[tuple[str, int, int]]:
+    """``(kind, out, in)`` of every linear one token goes through: per layer q, k, v, o, gate, up, down; then the
+    output projection (``head``)."""
     hidden, inter = config.hidden_size, config.intermediate_size
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or hidden // heads
     layer = [
-        (heads * head_dim, hidden),
-        (kv_heads * head_dim, hidden),
-        (kv_heads * head_dim, hidden),
-        (hidden, heads * head_dim),
-        (inter, hidden),
-        (inter, hidden),
-        (hidden, inter),
+        ("q", heads * head_dim, hidden),
+        ("k", kv_heads * head_dim, hidden),
+        ("v", kv_heads * head_dim, hidden),
+        ("o", hidden, heads * head_dim),
+        ("gate", inter, hidden),
+        ("up", inter, hidden),
+        ("down", hidden, inter),
     ]
-    return layer * config.num_hidden_layers + [(config.vocab_size, hidden)]
+    return layer * config.num_hidden_layers + [("head", config.vocab_size, hidden)]
 
 
 def measure_speed(config: Any, rows: list[int], repeats: int) -> list[dict[str, Any]]:
@@ -76,7 +85,8 @@ def measure_speed(config: Any, rows: list[int], repeats: int) -> list[dict[str, 
     import torch
     import torch.ao.quantization as quantization
 
-    linears = [torch.nn.Linear(i, o, bias=False) for o, i in linear_shapes(config)]
+    shapes = linear_shapes(config)
+    linears = [torch.nn.Linear(i, o, bias=False) for _, o, i in shapes]
     stack = torch.nn.Sequential(*linears).eval()
     quantized = quantization.quantize_dynamic(
         copy.deepcopy(stack), {torch.nn.Linear: quantization.per_channel_dynamic_qconfig}, dtype=torch.qint8
@@ -93,14 +103,22 @@ def measure_speed(config: Any, rows: list[int], repeats: int) -> list[dict[str, 
     def run_modules(layers: list[Any]) -> Any:
         return lambda x: [layer(x[layer.in_features]) for layer in layers]
 
+    def run_mixed(x: dict[int, Any]) -> None:
+        for (kind, _, width), int8, (weight, _) in zip(shapes, quantized, packed, strict=True):
+            if kind in MIXED_INT8:
+                int8(x[width])
+            else:
+                torch.ops.mkldnn._linear_pointwise(x[width], weight, None, "none", [], "")
+
     arms = (
         ("float32", run_modules(list(stack))),
         ("float32_packed", run_packed),
         ("int8_dynamic", run_modules(list(quantized))),
+        ("int8_mixed", run_mixed),
     )
     out: list[dict[str, Any]] = []
     for n in rows:
-        inputs = {i: torch.randn(n, i) for _, i in linear_shapes(config)}
+        inputs = {i: torch.randn(n, i) for _, _, i in shapes}
         line: dict[str, Any] = {"kind": "speed", "rows": n}
         for name, run in arms:
             times = []
@@ -112,12 +130,57 @@ def measure_speed(config: Any, rows: list[int], repeats: int) -> list[dict[str, 
                         times.append((time.perf_counter() - start) * 1000)
             line[f"{name}_ms"] = round(statistics.median(times), 1)
         line["int8_over_served"] = round(line["float32_packed_ms"] / line["int8_dynamic_ms"], 2)
+        line["mixed_over_served"] = round(line["float32_packed_ms"] / line["int8_mixed_ms"], 2)
         out.append(line)
     return out
 
 
-def quantize(model: Any, scope: str) -> Any:
-    """A copy of ``model`` with the ``scope``'s linears dynamically quantized (per-channel int8 weights)."""
+def smooth(model: Any, calibration: list[list[int]], alpha: float, head: bool) -> None:
+    """Fold SmoothQuant scales into ``model`` in place (Xiao et al. 2023, eq. 4: ``s_j = max|X_j|^alpha /
+    max|W_j|^(1 - alpha)``): each layer's input norm weight is divided by ``s`` and q, k, v's input columns
+    multiplied by it, the same for the post-attention norm and gate, up; with ``head``, the final norm and the output
+    projection. The function is unchanged (up to rounding); the inputs of the scaled linears lose their outlier
+    channels. ``max|X_j|`` is taken over the ``calibration`` prompts' tokens."""
+    import torch
+
+    seen: dict[str, torch.Tensor] = {}
+
+    def record(name: str) -> Any:
+        def hook(module: Any, inputs: tuple[torch.Tensor, ...]) -> None:
+            peak = inputs[0].detach().abs().reshape(-1, inputs[0].shape[-1]).amax(0)
+            seen[name] = torch.maximum(seen[name], peak) if name in seen else peak
+
+        return hook
+
+    layers = model.model.layers
+    hooks = [layer.self_attn.q_proj.register_forward_pre_hook(record(f"{i}.qkv")) for i, layer in enumerate(layers)]
+    hooks += [layer.mlp.gate_proj.register_forward_pre_hook(record(f"{i}.gu")) for i, layer in enumerate(layers)]
+    hooks.append(model.lm_head.register_forward_pre_hook(record("head")))
+    with torch.no_grad():
+        for ids in calibration:
+            model(torch.tensor([ids]))
+    for hook in hooks:
+        hook.remove()
+
+    def fold(norm: Any, linears: list[Any], peak: torch.Tensor) -> None:
+        weight_peak = torch.cat([linear.weight.abs() for linear in linears], 0).amax(0)
+        scale = (peak.clamp(min=1e-5) ** alpha / weight_peak.clamp(min=1e-5) ** (1 - alpha)).clamp(min=1e-5)
+        norm.weight.div_(scale)
+        for linear in linears:
+            linear.weight.mul_(scale)
+
+    with torch.no_grad():
+        for i, layer in enumerate(layers):
+            attention, mlp = layer.self_attn, layer.mlp
+            fold(layer.input_layernorm, [attention.q_proj, attention.k_proj, attention.v_proj], seen[f"{i}.qkv"])
+            fold(layer.post_attention_layernorm, [mlp.gate_proj, mlp.up_proj], seen[f"{i}.gu"])
+        if head:
+            fold(model.model.norm, [model.lm_head], seen["head"])
+
+
+def quantize(model: Any, scope: str, calibration: list[list[int]], alpha: float) -> Any:
+    """A copy of ``model`` with the ``scope``'s linears dynamically quantized (per-channel int8 weights), smoothed
+    first for the ``smooth_*`` scopes (:func:`smooth`)."""
     import torch
     import torch.ao.quantization as quantization
 
@@ -125,15 +188,32 @@ def quantize(model: Any, scope: str) -> Any:
     copied = copy.deepcopy(model)
     if scope == "all":
         return quantization.quantize_dynamic(copied, spec, dtype=torch.qint8)
+
+    def one(parent: Any, name: str) -> None:
+        linear = torch.nn.Sequential(getattr(parent, name))
+        setattr(parent, name, quantization.quantize_dynamic(linear, spec, dtype=torch.qint8)[0])
+
+    if scope.startswith("smooth_"):
+        head = scope.endswith("_head")
+        smooth(copied, calibration, alpha, head)
+        for layer in copied.model.layers:
+            for name in ("q_proj", "k_proj", "v_proj"):
+                one(layer.self_attn, name)
+            for name in ("gate_proj", "up_proj"):
+                one(layer.mlp, name)
+        if head:
+            one(copied, "lm_head")
+        return copied
     for layer in copied.model.layers:
         layer.self_attn = quantization.quantize_dynamic(layer.self_attn, spec, dtype=torch.qint8)
         for name in ("gate_proj", "up_proj"):
-            one = torch.nn.Sequential(getattr(layer.mlp, name))
-            setattr(layer.mlp, name, quantization.quantize_dynamic(one, spec, dtype=torch.qint8)[0])
+            one(layer.mlp, name)
     return copied
 
 
-def measure_quality(directory: Path, scopes: list[str], prompts: int, tokens: int, seed: int) -> list[dict[str, Any]]:
+def measure_quality(
+    directory: Path, scopes: list[str], prompts: int, tokens: int, seed: int, alpha: float
+) -> list[dict[str, Any]]:
     """approx_kl (k3) and mean |logprob difference| of int8-served tokens against the float32 model, per scope."""
     import generation
     import torch
@@ -141,10 +221,14 @@ def measure_quality(directory: Path, scopes: list[str], prompts: int, tokens: in
 
     tokenizer = AutoTokenizer.from_pretrained(directory)
     reference = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
-    questions = generation.load_questions("train", seed, prompts)
+    # calibration prompts for smoothing: other questions than the measured ones, each with a short answer
+    pool = generation.load_questions("train", seed, 2 * prompts)
+    questions, others = pool[:prompts], pool[prompts:]
+    answer = tokenizer("Answer: 42", add_special_tokens=False)["input_ids"]
+    calibration = [generation.prompt_ids(tokenizer, question) + answer for question in others]
     out: list[dict[str, Any]] = []
     for scope in scopes:
-        served = quantize(reference, scope)
+        served = quantize(reference, scope, calibration, alpha)
         torch.manual_seed(seed)
         k3: list[float] = []
         gaps: list[float] = []
@@ -168,6 +252,7 @@ def measure_quality(directory: Path, scopes: list[str], prompts: int, tokens: in
             {
                 "kind": "quality",
                 "scope": scope,
+                "alpha": alpha if scope.startswith("smooth_") else None,
                 "prompts": len(questions),
                 "tokens": len(k3),
                 "approx_kl_k3": float(f"{statistics.fmean(k3):.3e}"),
@@ -187,6 +272,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--scope", default=",".join(SCOPES), help=f"quality part: comma-separated, of {SCOPES}")
     parser.add_argument("--prompts", type=int, default=6)
+    parser.add_argument("--alpha", type=float, default=0.8, help="SmoothQuant migration strength of smooth_* scopes")
     parser.add_argument("--tokens", type=int, default=40, help="tokens sampled per prompt")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
@@ -219,7 +305,7 @@ def main() -> None:
         rows = [int(r) for r in args.rows.split(",") if r]
         lines += measure_speed(AutoConfig.from_pretrained(directory), rows, args.repeats)
     if args.only in (None, "quality"):
-        lines += measure_quality(directory, scopes, args.prompts, args.tokens, args.seed)
+        lines += measure_quality(directory, scopes, args.prompts, args.tokens, args.seed, args.alpha)
     out = (
         Path(args.out)
         if args.out
