@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 from pydantic import ValidationError
 
+from agentbolt.cli.command_name import agentbolt_command
 from agentbolt.cli.common import console, fail, run_job
 from agentbolt.errors import AgentboltError
 
@@ -81,15 +82,20 @@ def train(
             job = validate_settings(TrainConfig, {**job.to_settings(), "resume": True}, config)
         if isinstance(job, TrainConfig):
             sets = [arg for item in set_ or [] for arg in ("--set", item)]
-            resume_command = shlex.join(
-                ["agentbolt", "train", str(config), "--out", str(job.out_dir), *sets, "--resume"]
+            resume_command = " ".join(
+                [agentbolt_command(), shlex.join(["train", str(config), "--out", str(job.out_dir), *sets, "--resume"])]
             )
             store_file = job.out_dir / "store.db"
+            out_dir = job.out_dir
 
             def on_stop() -> str:  # stopped before the store existed (e.g. while the model loaded): nothing to resume
-                if store_file.exists():
+                from agentbolt.trainer.checkpoint import list_checkpoints
+
+                if not store_file.exists():
+                    return "nothing was run yet: start it again with the same command"
+                if list_checkpoints(out_dir):
                     return f"continue it from its last checkpoint: {resume_command}"
-                return "nothing was run yet: start it again with the same command"
+                return f"no checkpoint was written yet: {resume_command} starts the steps over"
 
             run_job(run_training(job, console), on_stop=on_stop)
         else:

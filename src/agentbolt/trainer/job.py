@@ -450,7 +450,7 @@ async def _run_job(
     warning = no_update_warning(summary["step_rows"], config.model)
     if warning is not None:  # the checkpoints are the starting weights: no "serve it" hints for them
         console.print(warning, style="bold yellow", markup=False, highlight=False)
-        console.print(f"wrote {config.out_dir / 'store.db'}, {config.out_dir / 'summary.json'}")
+        _print_written(console, config.out_dir, untrained=True)
         console.print(f"see the rewards with: {agentbolt_command()} rollouts --store {config.out_dir / 'store.db'}")
         return summary
     _print_next_steps(console, config, summary)
@@ -558,16 +558,28 @@ def _checkpoint_rows(out_dir: Path) -> list[dict[str, Any]]:
     ]
 
 
-def _print_next_steps(console: Console, config: TrainConfig, summary: dict[str, Any]) -> None:
-    """The files the job wrote and the commands that use them."""
-    from agentbolt.trainer.checkpoint import best_checkpoint, list_checkpoints
+def _print_written(console: Console, out: Path, *, untrained: bool = False) -> list[Any]:
+    """Print the files the job wrote (and its checkpoints, marked as the starting weights when ``untrained``);
+    return the checkpoints found."""
+    from agentbolt.trainer.checkpoint import list_checkpoints
 
-    out = config.out_dir
     console.print(f"wrote {out / 'store.db'}, {out / 'summary.json'}, {out / 'reward_curve.png'}")
     found = list_checkpoints(out)
+    if found:
+        names = ", ".join(info.path.name for info in found)
+        note = " (untrained: the weights the run started from)" if untrained else ""
+        console.print(f"checkpoints: {names} (in {out / 'checkpoints'}){note}")
+    return found
+
+
+def _print_next_steps(console: Console, config: TrainConfig, summary: dict[str, Any]) -> None:
+    """The files the job wrote and the commands that use them."""
+    from agentbolt.trainer.checkpoint import best_checkpoint
+
+    out = config.out_dir
+    found = _print_written(console, out)
     if not found:
         return
-    console.print("checkpoints: " + ", ".join(f"{info.path.name}" for info in found) + f" (in {out / 'checkpoints'})")
     chosen = best_checkpoint(found) or found[-1]
     model = shlex.quote(config.model)
     console.print("next:")
