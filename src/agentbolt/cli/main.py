@@ -141,6 +141,16 @@ def serve(
                 changed = await asyncio.to_thread(apply_adapter, backend.model, adapter)
                 backend.set_model_version(served_version or adapter.name)
                 console.print(f"serving {model} with the LoRA adapter of {adapter} ({changed} weight matrices merged)")
+                from agentbolt.algorithms.rl.adapter_files import untrained_adapter
+
+                if untrained_adapter(adapter):
+                    console.print(
+                        f"warning: this adapter was never trained (every LoRA B matrix is 0): it answers as {model} "
+                        "does; was every update of its run skipped? (its summary.json: updates_applied)",
+                        style="bold yellow",
+                        markup=False,
+                        highlight=False,
+                    )
         try:
             await st.query_workers()  # open the store now: a bad file or an unreachable database fails here, plainly
             server_app = create_app(st, backend, token=token, max_body_bytes=max_body_bytes)

@@ -61,6 +61,29 @@ def check_adapter_files(folder: Path | str) -> None:
         ) from None
 
 
+def untrained_adapter(folder: Path | str) -> bool:
+    """Whether the LoRA adapter in ``folder`` is the identity: every ``lora_B`` matrix all zeros, as peft initializes
+    it (Hu et al. 2021, "LoRA", section 4.1: B = 0 at the start) and as it stays when no optimizer step touched it.
+    Reads the safetensors file with numpy (torch-free); ``False`` when the file has no ``lora_B`` tensor.
+
+    Raises:
+        OSError, ValueError, safetensors.SafetensorError: the file cannot be read (call :func:`check_adapter_files`
+            first).
+    """
+    from safetensors import safe_open
+
+    found = False
+    with safe_open(str(Path(folder) / ADAPTER_WEIGHTS), framework="numpy") as weights:
+        names = list(weights.keys())  # a safetensors handle is not iterable
+        for name in names:
+            if "lora_B" not in name:
+                continue
+            found = True
+            if weights.get_tensor(name).any():
+                return False
+    return found
+
+
 def short_reason(exc: BaseException, *, width: int = 200) -> str:
     """The first non-empty line of ``exc``'s message, cut at ``width`` characters, and how many lines were left out
     (torch's state-dict errors list every mismatched tensor: hundreds of lines for one wrong LoRA rank)."""
