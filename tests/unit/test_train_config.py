@@ -68,6 +68,7 @@ def test_the_calc_config_loads_and_overrides_apply() -> None:
         # a typo: the nearest names of its section, and the --set item that made it (not the file)
         ("", ["grpo.stpes=1"], r"grpo\.stpes \(--set grpo\.stpes=1\): unknown setting; did you mean grpo\.steps\?"),
         ("lerning_rate: 1", [], r"lerning_rate: unknown setting; did you mean learning_rate\?"),
+        ("", ["steps=2"], r"steps \(--set steps=2\): unknown setting; did you mean grpo\.steps\?"),  # wrong level
         ("checkpoint: {zzz: 1}", [], r"checkpoint\.zzz: unknown setting; known here: every, keep_last"),
         ("torch_trainer: {learning_rate: 0.1}", [], "set learning_rate at the top level"),
         ("agent_match: '('", [], "agent_match"),

@@ -576,6 +576,17 @@ def _known_fields(model: type[BaseModel], path: Sequence[str]) -> list[str]:
     return list(current.model_fields)
 
 
+def _field_paths(model: type[BaseModel], prefix: str = "", depth: int = 2) -> list[str]:
+    """Dotted names of every setting under ``model``, sections included, down to ``depth`` levels."""
+    paths: list[str] = []
+    for name, field in model.model_fields.items():
+        paths.append(prefix + name)
+        kind = field.annotation
+        if depth > 1 and isinstance(kind, type) and issubclass(kind, BaseModel):
+            paths += _field_paths(kind, f"{prefix}{name}.", depth - 1)
+    return paths
+
+
 def _problems(
     exc: ValidationError,
     model_of: Callable[[Sequence[object]], type[_Config]],
@@ -597,10 +608,12 @@ def _problems(
         where = ".".join(loc)
         if error["type"] == "extra_forbidden":
             known = _known_fields(model, loc[:-1])
-            close = difflib.get_close_matches(loc[-1], known, n=3, cutoff=0.6)
             prefix = ".".join(loc[:-1]) + "." if len(loc) > 1 else ""
+            close = [prefix + name for name in difflib.get_close_matches(loc[-1], known, n=3, cutoff=0.6)]
+            if not close:  # a setting of another section, e.g. "steps" for grpo.steps
+                close = [path for path in _field_paths(model) if path.rsplit(".", 1)[-1] == loc[-1]][:3]
             message = "unknown setting" + (
-                f"; did you mean {' or '.join(prefix + name for name in close)}?"
+                f"; did you mean {' or '.join(close)}?"
                 if close
                 else f"; known here: {', '.join(known)}"
                 if known
