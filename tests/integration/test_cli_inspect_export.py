@@ -122,6 +122,9 @@ def test_export_and_inspect_a_real_store(tmp_path: Path, smollm2_dir: Path) -> N
                 )
                 assert sft.returncode == 0, sft.stdout + sft.stderr
                 assert "wrote 4 sft conversations from 5 finished rollouts" in sft.stdout
+                # SFT copies answers, poor ones too: the export says what it kept and how to filter
+                said = " ".join(sft.stdout.split())
+                assert "whatever its reward (2 of 4 scored 0 or less or none): --min-reward R" in said, said
                 frame = pd.read_json(out, lines=True)
                 assert len(frame) == 4 and set(frame.columns) == {"messages", "tools"}
                 messages = frame["messages"][0]

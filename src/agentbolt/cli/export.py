@@ -133,6 +133,23 @@ def sft_rows(finished: Sequence[FinishedRollout], *, min_reward: float | None = 
     return rows, skipped
 
 
+def _sft_filter_hint(finished: Sequence[FinishedRollout], mode_chosen: bool) -> str:
+    """What an SFT export without ``--min-reward`` kept: every succeeded rollout whatever its reward (SFT copies
+    its answers, the poor ones too), of every mode unless ``--mode`` was given; and the options that filter."""
+    kept = [item.rollout for item in finished if item.rollout.status is RolloutStatus.SUCCEEDED]
+    low = sum(1 for r in kept if r.final_reward is None or r.final_reward <= 0)
+    modes: dict[str, int] = {}
+    for r in kept:
+        modes[r.mode.value] = modes.get(r.mode.value, 0) + 1
+    parts = [f"kept every succeeded rollout whatever its reward ({low} of {len(kept)} scored 0 or less or none)"]
+    if not mode_chosen and len(modes) > 1:
+        parts.append("of every mode (" + ", ".join(f"{m} {n}" for m, n in sorted(modes.items())) + ")")
+    hint = "--min-reward R keeps only answers scored R or more"
+    if not mode_chosen and len(modes) > 1:
+        hint += ", --mode train only the training rollouts"
+    return f"{', '.join(parts)}: {hint}"
+
+
 def load_rl_samples(path: str | Path) -> list[TrainingSample]:
     """The training samples of an ``rl`` export file (JSON Lines or Parquet, told apart by content), in file order.
 
@@ -279,6 +296,8 @@ async def run_export(config: ExportConfig, *, token: str | None = None, console:
         unit = "samples" if config.kind == "rl" else "conversations"
         console.print(f"wrote {len(rows)} {config.kind} {unit} from {len(finished)} finished rollouts to {config.out}")
         console.print(f"left out: {why}")
+        if config.kind == "sft" and config.min_reward is None:
+            console.print(_sft_filter_hint(finished, config.mode is not None), markup=False, highlight=False)
         if config.kind == "rl":
             n_trained = sum(1 for row in rows if row["advantage_source"] == "trained")
             console.print(
