@@ -473,7 +473,7 @@ def inspect(
         if json_:
             typer.echo(json.dumps(inspection.to_json(), ensure_ascii=False, indent=2))
         else:
-            console.print(render(inspection))
+            print_table(render(inspection))  # piped: at its own width, not cut to 80 columns
 
     try:
         asyncio.run(main())
