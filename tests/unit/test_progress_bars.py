@@ -23,6 +23,8 @@ def test_lines_off_a_terminal() -> None:
         progress.update(task, completed=3)
     lines = [line for line in out.getvalue().splitlines() if line.startswith("step 1 rollouts:")]
     assert [line.split(" (")[0] for line in lines] == ["step 1 rollouts: 1/3", "step 1 rollouts: 3/3"]
+    # only those lines: the bar is not printed once more at the end (rich does that off a terminal)
+    assert out.getvalue().splitlines() == lines and "━" not in out.getvalue()
 
 
 def test_a_slow_interval_prints_only_the_end() -> None:

@@ -29,7 +29,8 @@ class JobProgress(Progress):
 
     def __init__(self, console: Console, *extra: ProgressColumn | str, every_s: float = LOG_EVERY_S) -> None:
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), *extra)
-        super().__init__(*columns, console=console)
+        # off a terminal rich would print every bar once more at the end, after the plain lines: not drawn at all
+        super().__init__(*columns, console=console, disable=not console.is_terminal)
         self.every_s = every_s
         self._logged: dict[TaskID, tuple[float, float]] = {}  # task -> (time of its last line, completed then)
 
