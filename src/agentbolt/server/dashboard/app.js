@@ -785,7 +785,8 @@ function chart(title, xs, series, opts = {}) {
   });
   const build = () => {
     const u = new window.uPlot({ width: Math.max(card.clientWidth - 16, 300) || width, height: 200,
-      series: defs, bands, scales: { x: { time: Boolean(opts.time) }, y: { range: yRange } }, legend: { live: true },
+      series: defs, bands, scales: { x: { time: Boolean(opts.time) }, y: { range: opts.yRange || yRange } },
+      legend: { live: true },
       axes: [opts.time ? {} : { incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000] },
         { values: (self, splits) => tickLabels(splits), size: 60 }] }, data, card);
     u.setLegend({ idx: null });
@@ -868,12 +869,12 @@ async function trainingPage(root, parts, params, current) {
     const steps = (names) => [...new Set(names.flatMap((n) => (byName.get(n) || []).map((m) => m.train_step)))]
       .sort((x, y) => x - y);
     const charts = [];
-    const group = (title, names) => {
+    const group = (title, names, opts = {}) => {
       names = names.filter((n) => byName.has(n));
       if (!names.length) return;
       const xs = steps(names);
       charts.push(chart(title, xs, names.map((n, i) => ({ label: n, values: curve(byName.get(n), xs),
-        stroke: COLORS[i % COLORS.length] }))));
+        stroke: COLORS[i % COLORS.length] })), opts));
     };
     if (byName.has("train_reward_mean")) {
       const xs = steps(["train_reward_mean"]);
@@ -882,7 +883,8 @@ async function trainingPage(root, parts, params, current) {
       charts.push(rewardChart(xs, mean, std));
     }
     const names = [...byName.keys()];
-    group("Validation accuracy", names.filter((n) => n.startsWith("val_")));
+    // a fraction: always 0..1 (all-zero curves were drawn on -1..1)
+    group("Validation accuracy", names.filter((n) => n.startsWith("val_")), { yRange: [0, 1] });
     group("Throughput (tokens/s)", names.filter((n) => n.endsWith("tokens_per_s")));
     group("Update KL", names.filter((n) => n.startsWith("update_") && n.includes("kl")));
     group("Clip fraction", names.filter((n) => n.includes("clip_fraction")));
