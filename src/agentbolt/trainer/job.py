@@ -619,7 +619,8 @@ def _print_summary(console: Console, summary: dict[str, Any]) -> None:
         console.print(table)
     console.print(
         f"train reward per step: {[None if r is None else round(r, 3) for r in summary['train_reward']]}  "
-        f"rollouts: {summary['n_rollouts']}  transitions: {summary['n_transitions']}  "
+        f"rollouts in the store: {summary['n_rollouts']}  "  # a resumed run's store holds the stopped run's too
+        f"transitions: {summary['n_transitions']}  "
         f"wall: {summary['wall_seconds']:.0f}s"
         + (
             f" ({summary['wall_seconds_total']:.0f}s with the run it resumed)"
