@@ -303,6 +303,10 @@ def test_trace_tree_span_attributes_and_transcript(page: Page, served: Served) -
     for kind, count in (("llm", 1), ("tool", 1), ("reward", len(rewards)), ("exception", 0)):
         expect(page.locator(f'#waterfall .wf-row[data-kind="{kind}"]')).to_have_count(count)
     expect(page.locator('.wf-row[data-kind="tool"]')).to_contain_text("check_answer")
+    # the LLM call spans the whole trace: its duration is written inside its bar (white), not over it in gray;
+    # the short spans at the end have theirs before their bar
+    expect(page.locator('.wf-row[data-kind="llm"] .wf-dur.inside')).to_have_count(1)
+    expect(page.locator('.wf-row[data-kind="tool"] .wf-dur.before')).to_have_count(1)
 
     page.click(f'.wf-row[data-span="{reward["span_id"]}"]')
     expect(page.locator('#span-panel tr[data-attr="agentbolt.reward.value"] td').nth(1)).to_have_text("0.5")

@@ -439,8 +439,14 @@ async function tracePage(root, parts, params) {
     const error = span.status?.code === "ERROR";
     const bar = h(`div.wf-bar.k-${kind}`, { style: { left: pct(span.start_time),
       width: `${Math.max(((end - span.start_time) / total) * 100, 0)}%` } });
-    const dur = h("span.wf-dur", { style: { left: `min(calc(${pct(end)} + 4px), calc(100% - 60px))` } },
-      fmtDuration(end - span.start_time));
+    // the duration after the bar; for a bar that ends near the right edge, before it, or inside it (white) when it
+    // also starts near the left edge (a dark label on the bar's color could not be read)
+    const fStart = (span.start_time - t0) / total;
+    const fEnd = (end - t0) / total;
+    const place = fEnd < 0.8 ? ["span.wf-dur", { left: `calc(${fEnd * 100}% + 4px)` }]
+      : fStart > 0.2 ? ["span.wf-dur.before", { right: `calc(${(1 - fStart) * 100}% + 4px)` }]
+        : ["span.wf-dur.inside", { right: `calc(${(1 - fEnd) * 100}% + 4px)` }];
+    const dur = h(place[0], { style: place[1] }, fmtDuration(end - span.start_time));
     return h(`div.wf-row${span.span_id === selectedId ? ".selected" : ""}${error ? ".span-error" : ""}`, {
       "data-span": span.span_id, "data-kind": kind, title: `${span.name} (${span.span_id})`,
       onclick: () => navigate(["rollouts", id, "trace"], { attempt: attempt.attempt_id, span: span.span_id }),
