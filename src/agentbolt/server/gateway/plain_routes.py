@@ -48,6 +48,7 @@ from agentbolt.server.gateway.routes import (
     errors_doc,
     generation_requests,
     models_body,
+    note_other_model,
     responses_doc,
     serve_stream,
     serve_whole,
@@ -74,6 +75,7 @@ async def serve_unscoped(request: Request, make_spec: Callable[[], Any], wire: W
         spec = await build_spec(make_spec)
     except AgentboltError as exc:
         return wire_error(wire, error_info(exc))
+    note_other_model(spec, backend)
     sampling = resolve_sampling(spec.sampling_requested, None)
     requests = generation_requests(spec, sampling)
     try:

@@ -25,7 +25,8 @@ same template, so transitions of all four merge across turns by the same prefix 
 - Tool calls both ways; tool calls the model writes (Qwen/Hermes ``<tool_call>`` tags, several in one answer, or a
   bare JSON call) come back as the protocol's tool calls (:mod:`agentbolt.server.gateway.toolcalls`), only when the
   request offered tools (and ``tool_choice`` is not ``none``) and only for the functions it declared.
-- Any model name is accepted and served by the backend's model (the name asked for is recorded).
+- Any model name is accepted and served by the backend's model (the name asked for is recorded; a name other than
+  the served one is logged once per process: :func:`other_model_note`).
 - Agent names: a ``x-agentbolt-agent`` request header is recorded as ``agentbolt.agent.name`` on the call's spans,
   and a W3C ``traceparent`` header makes them children of the caller's span (:mod:`agentbolt.adapter.join`).
 - Weight swaps: while a trainer swaps the serving weights, new calls wait instead of being rejected, up to the
@@ -335,6 +336,30 @@ async def build_spec(make_spec: Callable[[], Any]) -> CallSpec:
     return spec
 
 
+_MODEL_NAMES_SEEN: set[tuple[str, str]] = set()
+
+
+def other_model_note(requested: str | None, served: str) -> str | None:
+    """The line to log, once per process and name, when a call names another model than the one served: the gateway
+    answers every name with its model (an agent written for ``gpt-4o`` runs unchanged; the name asked for is
+    recorded as ``gen_ai.request.model``), where vLLM would answer 404. ``None`` when the names match or the note
+    was given."""
+    if not requested or requested == served or (requested, served) in _MODEL_NAMES_SEEN:
+        return None
+    _MODEL_NAMES_SEEN.add((requested, served))
+    return (
+        f"LLM calls name the model {requested!r}; this gateway answers every model name with {served!r} (the name "
+        "asked for is recorded as gen_ai.request.model)"
+    )
+
+
+def note_other_model(spec: CallSpec, backend: InferenceBackend) -> None:
+    """Log :func:`other_model_note` for this call, if any."""
+    note = other_model_note(spec.model, backend.model_name)
+    if note is not None:
+        logger.warning(note)
+
+
 async def serve_call(
     request: Request, rollout_id: str, attempt_id: str, make_spec: Callable[[], Any], wire: Wire
 ) -> Response:
@@ -350,6 +375,7 @@ async def serve_call(
         spec = await build_spec(make_spec)
     except AgentboltError as exc:
         return wire_error(wire, error_info(exc))
+    note_other_model(spec, backend)
 
     llm = await request.app.state.version_llms.get(store, attempt.resources_id)
     sampling = resolve_sampling(spec.sampling_requested, llm)
