@@ -222,7 +222,12 @@ def test_one_training_step_is_served_with_the_new_adapter(
             return before, result, after, backend.model_version
 
     before, result, after, version = asyncio.run(scenario())
-    assert result.n_rollouts == 4 and result.n_failed == 0
+    assert result.n_rollouts == 4 and result.n_transitions > 0
+    # A sampled id that ends inside a UTF-8 character gets no probability from llama.cpp: such a call is served but
+    # not trained (engine_protocols), so at temperature 1 a rollout can now and then have no trainable call (seen
+    # once in CI-like runs: 1 of 4). Any other failure is a defect.
+    assert set(result.causes) <= {"no_trainable_call"}, result.cause_details
+    assert result.n_failed <= 1, result.cause_details
     assert version == "step-1" and after.model_version == "step-1" and before.model_version == "base"
     approx_kl = result.update_stats.get("approx_kl")
     print(f"llama.cpp engine: approx_kl at step start {approx_kl}")  # serving vs training logprobs
