@@ -53,6 +53,22 @@ def _train(config: Path, out: Path, env: dict[str, str]) -> tuple[subprocess.Com
     return job, job.stdout + job.stderr
 
 
+def _train_short(
+    tmp_path: Path, smollm2_dir: Path, kind: str, *, n_tasks: int, steps: int
+) -> tuple[subprocess.CompletedProcess[str], str]:
+    """``_train`` of ``n_tasks`` tasks of one ``kind``, two a step for ``steps`` steps, into ``tmp_path/run``."""
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"task_id": f"{kind}{i}", "kind": kind}) + "\n" for i in range(n_tasks)))
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        CONFIG.format(tasks=tasks)
+        .replace("steps: 4", f"steps: {steps}")
+        .replace("tasks_per_step: 6", "tasks_per_step: 2")
+    )
+    env = {**os.environ, "AGENTBOLT_CACHE": str(smollm2_dir.parent.parent)}
+    return _train(config, tmp_path / "run", env)
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -153,14 +169,8 @@ def test_each_mistake_is_named_and_the_job_fails(tmp_path: Path, smollm2_dir: Pa
 def test_a_one_step_run_that_trained_nothing_fails_with_its_causes(tmp_path: Path, smollm2_dir: Path) -> None:
     """Shorter than ``fail_after``: the only step had nothing trainable, so the job exits 1 with the causes instead
     of ending 0 with a checkpoint of unchanged weights."""
-    tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text("".join(json.dumps({"task_id": f"r{i}", "kind": "raises"}) + "\n" for i in range(3)))
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        CONFIG.format(tasks=tasks).replace("steps: 4", "steps: 1").replace("tasks_per_step: 6", "tasks_per_step: 2")
-    )
     out = tmp_path / "run"
-    job, text = _train(config, out, {**os.environ, "AGENTBOLT_CACHE": str(smollm2_dir.parent.parent)})
+    job, text = _train_short(tmp_path, smollm2_dir, "raises", n_tasks=3, steps=1)
     assert job.returncode == 1, text
     assert "no trainable trajectory in any of the 1 steps run: nothing was trained" in text
     assert "ValueError: the agent tripped on purpose" in text and "Traceback" not in text
@@ -178,14 +188,8 @@ def test_a_run_whose_every_update_was_skipped_warns_that_its_checkpoints_are_unt
     """Every rollout works but each group's rewards tie, so every advantage is 0 and no step moves the weights: the
     job ends 0 (its rollouts are valid data) but says so, with what to do, instead of "next: serve it" hints for
     a checkpoint of the base model; summary.json counts the updates."""
-    tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text("".join(json.dumps({"task_id": f"s{i}", "kind": "same_reward"}) + "\n" for i in range(4)))
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        CONFIG.format(tasks=tasks).replace("steps: 4", "steps: 2").replace("tasks_per_step: 6", "tasks_per_step: 2")
-    )
     out = tmp_path / "run"
-    job, text = _train(config, out, {**os.environ, "AGENTBOLT_CACHE": str(smollm2_dir.parent.parent)})
+    job, text = _train_short(tmp_path, smollm2_dir, "same_reward", n_tasks=4, steps=2)
     assert job.returncode == 0, text
     flat = " ".join(text.split())
     assert "update skipped: every advantage is 0" in flat, text

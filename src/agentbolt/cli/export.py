@@ -141,13 +141,12 @@ def _sft_filter_hint(finished: Sequence[FinishedRollout], mode_chosen: bool) -> 
     modes: dict[str, int] = {}
     for r in kept:
         modes[r.mode.value] = modes.get(r.mode.value, 0) + 1
-    parts = [f"kept every succeeded rollout whatever its reward ({low} of {len(kept)} scored 0 or less or none)"]
-    if not mode_chosen and len(modes) > 1:
-        parts.append("of every mode (" + ", ".join(f"{m} {n}" for m, n in sorted(modes.items())) + ")")
+    kept_text = f"kept every succeeded rollout whatever its reward ({low} of {len(kept)} scored 0 or less or none)"
     hint = "--min-reward R keeps only answers scored R or more"
     if not mode_chosen and len(modes) > 1:
+        kept_text += ", of every mode (" + ", ".join(f"{m} {n}" for m, n in sorted(modes.items())) + ")"
         hint += ", --mode train only the training rollouts"
-    return f"{', '.join(parts)}: {hint}"
+    return f"{kept_text}: {hint}"
 
 
 def load_rl_samples(path: str | Path) -> list[TrainingSample]:

@@ -230,8 +230,8 @@ def _near_miss_adapter(folder: Path) -> None:
     out = folder.parent if folder.name == "checkpoints" else folder
     found = list_checkpoints(out)
     if found:
-        chosen = best_checkpoint(found) or found[-1]
-        which = "the best by validation accuracy" if best_checkpoint(found) else "the newest"
+        best = best_checkpoint(found)
+        chosen, which = (best, "the best by validation accuracy") if best else (found[-1], "the newest")
         what = "checkpoints folder" if out is not folder else "output folder"
         raise ConfigError(
             f"{folder} is a run's {what}, not one checkpoint; give one of its checkpoints "

@@ -25,57 +25,68 @@ class NothingToTrain(AgentboltError):
     exit_code = 1
 
 
+SKIP_NO_SAMPLES = "no samples to train on"
+SKIP_ZERO_ADVANTAGE = "every advantage is 0"
+SKIP_NO_LOSS_TOKENS = "no sample has a trained token"
+SKIP_NONFINITE_GRADIENT = "the gradient norm was not finite"
+SKIP_NO_STEP = "the trainer took no step"
+SKIP_KINDS = (SKIP_NO_SAMPLES, SKIP_ZERO_ADVANTAGE, SKIP_NO_LOSS_TOKENS, SKIP_NONFINITE_GRADIENT, SKIP_NO_STEP)
+"""The kinds of skipped update: each :func:`skipped_update_reason` text starts with one (its details follow)."""
+
+
 def skipped_update_reason(result: StepResult) -> str | None:
-    """Why the step's update did not move the policy, or ``None`` when it did (read from the trainer's stats).
+    """Why the step's update did not move the policy, or ``None`` when it did (read from the trainer's stats): one of
+    :data:`SKIP_KINDS`, with the counts after it.
 
     The torch trainer reports ``stepped`` (0.0 or 1.0), ``n_skipped_zero_advantage``, ``n_skipped_no_loss_tokens``
     and ``grad_norm`` (:meth:`agentbolt.algorithms.rl.torch_backend.TorchTrainerBackend.train_step`).
     """
     stats = result.update_stats
     if result.n_samples == 0:
-        return "no samples to train on"
+        return SKIP_NO_SAMPLES
     if stats.get("stepped", 1.0) != 0.0:
         return None
     zero = int(stats.get("n_skipped_zero_advantage", 0))
     empty = int(stats.get("n_skipped_no_loss_tokens", 0))
     if zero and zero + empty >= result.n_samples:
-        return f"every advantage is 0 ({zero} samples: each group's rollouts had the same reward)"
+        return f"{SKIP_ZERO_ADVANTAGE} ({zero} samples: each group's rollouts had the same reward)"
     if empty and zero + empty >= result.n_samples:
-        return f"no sample has a trained token ({empty} samples; e.g. every response masked as truncated)"
+        return f"{SKIP_NO_LOSS_TOKENS} ({empty} samples; e.g. every response masked as truncated)"
     grad = stats.get("grad_norm", math.nan)
     if not math.isfinite(grad):
-        return "the gradient norm was not finite; the gradient was dropped"
-    return "the trainer took no step"
+        return f"{SKIP_NONFINITE_GRADIENT}; the gradient was dropped"
+    return SKIP_NO_STEP
 
 
 UPDATE_SKIP_HINTS: dict[str, str] = {
-    "every advantage is 0": (
+    SKIP_ZERO_ADVANTAGE: (
         "the rollouts of each task all got the same reward, so GRPO has nothing to prefer: make rewards differ "
         "within a group (more rollouts per task with grpo.group_size, a higher grpo.temperature, tasks nearer the "
         "model's level, or a graded reward instead of 0/1)"
     ),
-    "no sample has a trained token": (
+    SKIP_NO_LOSS_TOKENS: (
         "every answer was left out of the loss (e.g. cut at grpo.max_tokens with grpo.truncated=mask): raise "
         "grpo.max_tokens or set grpo.truncated=keep"
     ),
-    "the gradient norm was not finite": "lower learning_rate, and check that every reward is a finite number",
-    "no samples to train on": "no rollout gave a trainable call: see the failure causes above",
+    SKIP_NONFINITE_GRADIENT: "lower learning_rate, and check that every reward is a finite number",
+    SKIP_NO_SAMPLES: "no rollout gave a trainable call: see the failure causes above",
 }
-"""What to do about each kind of skipped update, keyed by the start of :func:`skipped_update_reason`'s text."""
+"""What to do about each kind of skipped update (:data:`SKIP_KINDS`)."""
 
 
 def update_counts(rows: list[dict[str, Any]]) -> tuple[int, dict[str, int]]:
     """From the summary's step rows (``update_skipped``: :func:`skipped_update_reason` or ``None``): the number of
-    steps whose update moved the weights, and the skipped ones per kind of reason (its text up to `` (``)."""
+    steps whose update moved the weights, and the skipped ones per kind (:data:`SKIP_KINDS`; a text that starts
+    with none of them, e.g. from another version, counts under itself)."""
     applied = 0
     skipped: dict[str, int] = {}
     for row in rows:
         reason = row.get("update_skipped")
         if reason is None:
             applied += 1
-        else:
-            kind = str(reason).split(" (")[0].split(";")[0]
-            skipped[kind] = skipped.get(kind, 0) + 1
+            continue
+        kind = next((k for k in SKIP_KINDS if str(reason).startswith(k)), str(reason))
+        skipped[kind] = skipped.get(kind, 0) + 1
     return applied, skipped
 
 
@@ -92,10 +103,7 @@ def no_update_warning(rows: list[dict[str, Any]], model: str) -> str | None:
         f"hold the weights this run started from ({model}, untrained): serving or exporting them gives the base "
         "model back."
     ]
-    for kind in skipped:
-        hint = UPDATE_SKIP_HINTS.get(kind)
-        if hint:
-            lines.append(f"  -> {hint}")
+    lines += [f"  -> {UPDATE_SKIP_HINTS[kind]}" for kind in skipped if kind in UPDATE_SKIP_HINTS]
     return "\n".join(lines)
 
 
