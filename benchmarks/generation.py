@@ -432,6 +432,15 @@ def load_backend(args: argparse.Namespace, directory: Path, continuous: bool) ->
 
     from agentbolt.inference.embedded import EmbeddedBackend
 
+    if args.quantization != "none":  # only a tree with int8 serving has the argument
+        backend = EmbeddedBackend.load(
+            directory,
+            num_threads=args.threads,
+            max_batch_size=32,
+            continuous_batching=continuous,
+            quantization=args.quantization,
+        )
+        return backend, None
     if "continuous_batching" in inspect.signature(EmbeddedBackend.load).parameters:
         backend = EmbeddedBackend.load(
             directory, num_threads=args.threads, max_batch_size=32, continuous_batching=continuous
@@ -705,6 +714,7 @@ async def run_gateway_arm(
                     max_batch_size=c,
                     batch_wait_s=getattr(backend, "batch_wait_s", None),
                     continuous_batching=arm in ("gateway-continuous", "gateway-llamacpp"),
+                    quantization=args.quantization if arm != "gateway-llamacpp" else None,
                     **({"llama_server_parallel": server.parallel} if server is not None else {}),
                     **({"note": note} if note else {}),
                 )
@@ -1093,6 +1103,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tasks", choices=("train", "gsm_hard"), default="train", help="where the questions come from")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--quantization",
+        choices=("none", "int8"),
+        default="none",
+        help="the embedded arms' EmbeddedBackend quantization (int8: agentbolt.inference.int8_linear)",
+    )
     parser.add_argument("--gguf", help="GGUF of the same weights for the llamacpp arm")
     parser.add_argument(
         "--gguf-type", choices=("bf16", "f16", "q8_0"), default="bf16",

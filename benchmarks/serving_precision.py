@@ -52,7 +52,16 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 
-SCOPES = ("all", "attn_gate_up", "smooth_qkv_gate_up", "smooth_qkv_gate_up_head")
+SCOPES = (
+    "all",
+    "attn_gate_up",
+    "smooth_qkv_gate_up",
+    "smooth_qkv_gate_up_head",
+    "served_float32",
+    "served_int8",
+    "served_int8_o",
+    "served_int8_all",
+)
 """Which linears are served in int8: ``smooth_*`` first fold SmoothQuant scales into the RMSNorm weights before them
 (``o_proj`` and ``down_proj`` stay float32; ``_head`` also quantizes the output projection, smoothed into the final
 norm)."""
@@ -211,6 +220,62 @@ def quantize(model: Any, scope: str, calibration: list[list[int]], alpha: float)
     return copied
 
 
+SERVED = {
+    "served_float32": (),
+    "served_int8": ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "lm_head"),
+    "served_int8_o": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "lm_head"),
+    "served_int8_all": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"),
+}
+"""Scopes that run the embedded backend's own serving path on the bf16 model: prepacked linears
+(:mod:`agentbolt.inference.packed_linear`) and, for ``served_int8*``, these linears in int8 with per-linear
+SmoothQuant scales calibrated on the served rows (:mod:`agentbolt.inference.int8_linear`; ``served_int8`` is what
+``inference.quantization: int8`` serves)."""
+
+
+class _Served:
+    """A bf16 model called the way the embedded backend serves it (inside ``packed_linears``)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def __call__(self, ids: Any) -> Any:
+        import torch
+
+        from agentbolt.inference import packed_linear
+
+        with torch.inference_mode(), packed_linear.packed_linears():
+            return self.model(ids)
+
+    def generate(self, ids: Any, **kwargs: Any) -> Any:
+        import torch
+
+        from agentbolt.inference import packed_linear
+
+        with torch.inference_mode(), packed_linear.packed_linears():
+            return self.model.generate(ids, **kwargs)
+
+
+def served_model(directory: Path, scope: str, calibration: list[list[int]]) -> _Served:
+    """The bf16 model with the embedded backend's packed linears, int8 per :data:`SERVED`; int8 linears calibrate
+    on ``calibration`` (run once, float32 until each linear has seen ``CALIBRATION_ROWS`` rows)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agentbolt.inference import int8_linear, packed_linear
+
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16).eval()
+    packed_linear.install(model)
+    served = _Served(model)
+    if SERVED[scope]:
+        int8_linear.mark(model, SERVED[scope])
+        for ids in calibration:
+            served(torch.tensor([ids]))
+        missing = [m for m in model.modules() if int8_linear.is_marked(m) and int8_linear._states[m].packed is None]
+        if missing:
+            raise SystemExit(f"{scope}: {len(missing)} linears did not calibrate; give more calibration prompts")
+    return served
+
+
 def measure_quality(
     directory: Path, scopes: list[str], prompts: int, tokens: int, seed: int, alpha: float
 ) -> list[dict[str, Any]]:
@@ -228,7 +293,10 @@ def measure_quality(
     calibration = [generation.prompt_ids(tokenizer, question) + answer for question in others]
     out: list[dict[str, Any]] = []
     for scope in scopes:
-        served = quantize(reference, scope, calibration, alpha)
+        if scope in SERVED:
+            served: Any = served_model(directory, scope, calibration)
+        else:
+            served = quantize(reference, scope, calibration, alpha)
         torch.manual_seed(seed)
         k3: list[float] = []
         gaps: list[float] = []

@@ -374,6 +374,19 @@ def test_ppo_clip_with_truncated_importance_sampling_golden() -> None:
     assert stats.tis_weight_mean == pytest.approx(1.0, rel=1e-6)
     assert stats.tis_truncated_fraction == 0.5
     assert stats.ratio_mean == pytest.approx(1.0, rel=1e-6)  # the ratio is anchored at pi_old, not pi_behavior
+    # approx_kl is 0 by construction here; sampling_kl is the serving/trainer gap: d = pi_old / pi_behavior = [2, 0.5],
+    # k3 = d - 1 - log d = [1 - ln 2, -0.5 + ln 2] = [0.306853, 0.193147], mean 0.25
+    assert stats.approx_kl == pytest.approx(0.0, abs=1e-7)
+    assert stats.sampling_kl == pytest.approx(0.25, rel=1e-5)
+
+
+def test_sampling_kl_equals_approx_kl_without_truncated_importance_sampling() -> None:
+    # pi / pi_behavior = 0.66 / 0.6 = 1.1: k3 = 0.1 - ln 1.1 = 0.0046898
+    _, stats = ppo_clip_loss(
+        torch.log(torch.tensor([[0.66]])), torch.log(torch.tensor([[0.6]])), torch.tensor([1.0]), torch.ones(1, 1)
+    )
+    assert stats.approx_kl == pytest.approx(0.1 - math.log(1.1), rel=1e-5)
+    assert stats.sampling_kl == pytest.approx(stats.approx_kl, rel=1e-6)
 
 
 def test_old_logprobs_anchor_the_ratio() -> None:

@@ -1041,6 +1041,25 @@ def test_inference_config_url_rules() -> None:
     assert InferenceConfig().engine == "embedded"
 
 
+def test_int8_quantization_is_for_the_embedded_engine_and_turns_on_truncated_importance_sampling() -> None:
+    from agentbolt.algorithms.rl.trainer_config import TorchTrainerConfig
+    from agentbolt.trainer.local import INT8_TIS_CAP, with_serving_tis
+
+    assert InferenceConfig().quantization == "none"
+    with pytest.raises(ValidationError, match="quantization applies to the embedded engine; llamacpp serves"):
+        InferenceConfig(engine="llamacpp", quantization="int8")
+    with pytest.raises(ValidationError, match="Input should be 'none' or 'int8'"):
+        InferenceConfig(quantization="int4")  # type: ignore[arg-type]
+    int8 = InferenceConfig(quantization="int8")
+    assert with_serving_tis(TorchTrainerConfig(), int8).tis_cap == INT8_TIS_CAP == 2.0
+    assert with_serving_tis(TorchTrainerConfig(tis_cap=5.0), int8).tis_cap == 5.0  # the caller's choice stays
+    assert with_serving_tis(TorchTrainerConfig(tis_cap=None), int8).tis_cap == INT8_TIS_CAP  # as a dumped config
+    assert with_serving_tis(TorchTrainerConfig(), InferenceConfig()).tis_cap is None
+    assert with_serving_tis(TorchTrainerConfig(), None).tis_cap is None
+    parsed = TrainConfig(inference={"quantization": "int8"}, torch_trainer={"kl_coef": 0.1})
+    assert with_serving_tis(parsed.trainer_settings, parsed.inference).tis_cap == INT8_TIS_CAP
+
+
 def test_an_answer_budget_the_engine_context_cannot_hold_is_refused() -> None:
     with pytest.raises(ValidationError, match=r"grpo.max_tokens \(512\) leaves no room .* \(256 tokens per request\)"):
         TrainConfig(grpo={"max_tokens": 512}, inference={"engine": "llamacpp", "context_per_request": 256})

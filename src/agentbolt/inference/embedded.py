@@ -45,7 +45,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from agentbolt.errors import BackendError, ConfigError
-from agentbolt.inference import packed_linear
+from agentbolt.inference import int8_linear, packed_linear
 from agentbolt.inference.base import (
     ContextLengthExceededError,
     FinishReason,
@@ -77,7 +77,10 @@ class _Pending:
     loop: asyncio.AbstractEventLoop
     enqueued_s: float = field(default_factory=time.monotonic)
     on_token: Callable[[int], None] | None = None
-    """Streaming requests: called from the worker thread with each new id, as it is sampled."""
+    """Streaming requests: called from the worker thread with each new id, as it is sampled (``model.generate``)."""
+    deliver: Callable[[int], None] | None = None
+    """Streaming requests in the running batch: called in the event loop with each new id; the ids of one decode step
+    go to the loop in one ``call_soon_threadsafe`` (one wake-up of the loop per step, not per row)."""
     cancel_requested: bool = False
     """Set (from the event loop) to stop generating this row; read by the worker thread."""
     grammar: str | None = None
@@ -148,6 +151,7 @@ class EmbeddedBackend:
         num_threads: int | None = None,
         continuous_batching: bool = True,
         prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
+        quantization: str = "none",
     ) -> None:
         """Serve an already loaded ``model`` (most callers want :meth:`load`). Starts the worker thread.
 
@@ -155,15 +159,21 @@ class EmbeddedBackend:
         so a model already moved to ``cuda`` is served there. ``continuous_batching`` (default on) serves plain
         sampling requests with :mod:`agentbolt.inference.continuous` (rows join and leave the running batch at every
         step; prompts start from their longest cached prefix, ``prefix_cache_bytes`` of keys and values kept; 0
-        turns the prefix cache off); off, every request goes through ``model.generate`` batches.
+        turns the prefix cache off); off, every request goes through ``model.generate`` batches. ``quantization``
+        ``int8`` serves the linears fed by an RMSNorm in int8 with SmoothQuant scales calibrated on the first
+        served rows (:mod:`agentbolt.inference.int8_linear`: faster on a CPU without native bf16, and logprobs
+        farther from the trainer's); ``none`` serves the weights as they are.
 
         Raises:
-            ConfigError: ``max_batch_size < 1`` or ``batch_wait_s < 0``.
+            ConfigError: ``max_batch_size < 1``, ``batch_wait_s < 0``, an unknown ``quantization``, or ``int8`` where
+                it cannot run (not a CPU, or a torch without a quantized engine).
         """
         if max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if batch_wait_s < 0:
             raise ConfigError(f"batch_wait_s must be >= 0, got {batch_wait_s}")
+        if quantization not in ("none", "int8"):
+            raise ConfigError(f"quantization must be 'none' or 'int8', got {quantization!r}")
         self.model: Any = model
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -192,6 +202,16 @@ class EmbeddedBackend:
         """... or once the oldest has waited this long (seconds)."""
         self._engine_ok = continuous_batching and supports_continuous(model)
         self._batch = RunningBatch(model, self.device, self.pad_token_id, self.prefix_cache)
+        self.quantization = quantization
+        self.int8_linears = 0
+        """Linears served in int8 (``quantization`` ``int8``; each runs float32 until it has calibrated)."""
+        if quantization == "int8":
+            if not int8_linear.available(self.device) or not self._batch.packed_linears:
+                raise ConfigError(
+                    f"quantization int8 runs on a CPU with PyTorch's quantized engine (x86/fbgemm) and oneDNN; "
+                    f"this backend serves on {self.device}: set inference.quantization to none"
+                )
+            self.int8_linears = int8_linear.mark(model)
         self._prefix_stale = False
 
         self._queue: collections.deque[_Pending] = collections.deque()
@@ -217,6 +237,7 @@ class EmbeddedBackend:
         model_name: str | None = None,
         continuous_batching: bool = True,
         prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
+        quantization: str = "none",
     ) -> EmbeddedBackend:
         """Load a model and start serving it.
 
@@ -235,7 +256,7 @@ class EmbeddedBackend:
             cache_dir: where embedded models are prepared (see ``prepare_model``).
             model_name: the served name; default the embedded model's name (also for a directory made by
                 ``prepare_model``), else the directory's name.
-            continuous_batching, prefix_cache_bytes: see :class:`EmbeddedBackend`.
+            continuous_batching, prefix_cache_bytes, quantization: see :class:`EmbeddedBackend`.
 
         Raises:
             ConfigError: unknown model name, or a device that is not available.
@@ -277,6 +298,7 @@ class EmbeddedBackend:
             num_threads=num_threads,
             continuous_batching=continuous_batching,
             prefix_cache_bytes=prefix_cache_bytes,
+            quantization=quantization,
         )
 
     # ------------------------------------------------------------------ training hooks
@@ -293,6 +315,8 @@ class EmbeddedBackend:
         with self.paused():
             self.model = model
             self._engine_ok = self._continuous_batching and supports_continuous(model)
+            if self.quantization == "int8":
+                self.int8_linears = int8_linear.mark(model)
             self._prefix_stale = True
             if version is not None:
                 self.model_version = version
@@ -361,7 +385,7 @@ class EmbeddedBackend:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening
                 loop.call_soon_threadsafe(tokens.put_nowait, token_id)
 
-        pending = self._submit(request, on_token, await self._answer_grammar(request))
+        pending = self._submit(request, on_token, await self._answer_grammar(request), deliver=tokens.put_nowait)
         # Runs in the loop after every token callback scheduled before the future was settled: the end marker.
         pending.future.add_done_callback(lambda _: tokens.put_nowait(None))
         return _EmbeddedStream(self, pending, tokens)
@@ -387,6 +411,7 @@ class EmbeddedBackend:
         request: GenerationRequest,
         on_token: Callable[[int], None] | None = None,
         grammar: str | None = None,
+        deliver: Callable[[int], None] | None = None,
     ) -> _Pending:
         """Check and encode ``request`` (in the caller's loop), then queue it for the worker."""
         check_sampling(request)
@@ -405,7 +430,9 @@ class EmbeddedBackend:
                 "or lower max_tokens"
             )
         loop = asyncio.get_running_loop()
-        pending = _Pending(request, prompt_token_ids, loop.create_future(), loop, on_token=on_token, grammar=grammar)
+        pending = _Pending(
+            request, prompt_token_ids, loop.create_future(), loop, on_token=on_token, grammar=grammar, deliver=deliver
+        )
         with self._cond:
             if self._closed:
                 raise BackendError("the embedded backend is closed")
@@ -651,10 +678,15 @@ class EmbeddedBackend:
         )
 
     def _stream_new_ids(self, rows: list[Row]) -> None:
+        # On two cores every wake-up of the event loop takes a core from the next step's threads: one per step.
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Callable[[int], None], int]]] = {}
         for row in rows:
             pending: _Pending = row.owner
-            if pending.on_token is not None and row.generated and not pending.cancel_requested:
-                pending.on_token(row.generated[-1])
+            if pending.deliver is not None and row.generated and not pending.cancel_requested:
+                by_loop.setdefault(pending.loop, []).append((pending.deliver, row.generated[-1]))
+        for loop, calls in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening
+                loop.call_soon_threadsafe(_deliver_all, calls)
 
     def _should_stop(self, row: Row) -> str | None:
         """``abort`` for a cancelled row, ``stop`` once its text holds one of its stop strings (only the tail is
@@ -797,6 +829,11 @@ class EmbeddedBackend:
         self.stats.generation_s += generated.elapsed_s
         self.stats.generated_tokens += sum(len(r.response_token_ids) for r in results)
         return results
+
+
+def _deliver_all(calls: list[tuple[Callable[[int], None], int]]) -> None:
+    for deliver, token_id in calls:
+        deliver(token_id)
 
 
 class _EmbeddedStream:

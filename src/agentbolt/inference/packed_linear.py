@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from agentbolt.inference import int8_linear
 from agentbolt.inference.lora_matmul import frozen_linear, lora_linear
 
 MIN_PACKED_ELEMENTS = 65_536
@@ -140,12 +141,16 @@ def uninstall(model: Any) -> None:
         if isinstance(forward, functools.partial) and forward.func in (_forward, _lora_forward):
             del module.forward
         _packed.pop(module, None)
+    int8_linear.unmark(model)
 
 
 def forget_trainable(model: Any) -> None:
     """Drop the packed copies of weights that require gradients (call it when the weights may have changed: an
     update that wrote them through ``.data`` would not bump ``_version``), and the merged copies of LoRA layers.
-    Frozen weights, such as a LoRA model's base layers, keep theirs."""
+    Frozen weights, such as a LoRA model's base layers, keep theirs. Int8 weights (:mod:`~agentbolt.inference.
+    int8_linear`) are kept: quantizing them costs seconds (the output projection alone about 2 s on two cores), so
+    they are made again only when their weight's identity moves (a ``copy_`` or an optimizer step bumps
+    ``_version``; assigning ``.data`` changes ``data_ptr``)."""
     for module in model.modules():
         if module in _packed and any(p.requires_grad for p in module.parameters()):
             _packed.pop(module, None)
@@ -164,6 +169,10 @@ def _forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if weight.is_inference():  # made under inference_mode: no version counter to tell a change by
         return torch.nn.functional.linear(x, weight, module.bias)
     identity = (weight.data_ptr(), weight._version)
+    if int8_linear.is_marked(module):
+        out = int8_linear.forward(module, x, lambda: weight.detach().float(), module.bias, identity)
+        if out is not None:
+            return out
     entry = _packed.get(module)
     if entry is _FAILED:
         return torch.nn.functional.linear(x, weight, module.bias)
@@ -228,20 +237,23 @@ def _lora_forward(module: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> to
     scaling = float(module.scaling[name])
     if not getattr(_state, "on", False):
         return lora_linear(x, base.weight, base.bias, lora_A, lora_B, scaling, compute_dtype())
-    mergeable = compute_dtype() == torch.float32 and x.dtype == torch.bfloat16
-    if not mergeable or base.weight.numel() < MIN_PACKED_ELEMENTS:
-        return type(module).forward(module, x, *args, **kwargs)
     if base.weight.is_inference() or lora_A.is_inference() or lora_B.is_inference():
         return type(module).forward(module, x, *args, **kwargs)
     identity = (name, scaling) + tuple((t.data_ptr(), t._version) for t in (base.weight, lora_A, lora_B))
+    if int8_linear.is_marked(module):
+        out = int8_linear.forward(module, x, lambda: _merged(base.weight, lora_A, lora_B, scaling), base.bias, identity)
+        if out is not None:
+            return out
+    mergeable = compute_dtype() == torch.float32 and x.dtype == torch.bfloat16
+    if not mergeable or base.weight.numel() < MIN_PACKED_ELEMENTS:
+        return type(module).forward(module, x, *args, **kwargs)
     entry = _packed.get(module)
     if entry is _FAILED:
         return type(module).forward(module, x, *args, **kwargs)
     try:
         if entry is None or entry[0] != identity:
             with torch.no_grad():
-                merged = base.weight.detach().float()
-                merged.addmm_(lora_B.detach().float(), lora_A.detach().float(), alpha=scaling)
+                merged = _merged(base.weight, lora_A, lora_B, scaling)
                 bias = None if base.bias is None else base.bias.detach().float()
                 entry = (identity, torch.ops.mkldnn._reorder_linear_weight(merged, BATCH_HINT), bias)
             del merged
@@ -251,3 +263,10 @@ def _lora_forward(module: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> to
         logger.warning("merged LoRA linear unavailable (%s); peft's forward runs for %s", exc, tuple(base.weight.shape))
         _packed[module] = _FAILED
         return type(module).forward(module, x, *args, **kwargs)
+
+
+def _merged(weight: torch.Tensor, lora_A: torch.Tensor, lora_B: torch.Tensor, scaling: float) -> torch.Tensor:
+    """``W + scaling * B @ A`` in float32, ``(out, in)``, rounded once."""
+    with torch.no_grad():
+        merged = weight.detach().float()
+        return merged.addmm_(lora_B.detach().float(), lora_A.detach().float(), alpha=scaling)

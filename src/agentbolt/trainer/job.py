@@ -240,7 +240,7 @@ async def _run_job(
         ensure_checkpoint_published,
         restore_missing_metrics,
     )
-    from agentbolt.trainer.local import LocalMachine, local_training, resolve_model
+    from agentbolt.trainer.local import LocalMachine, local_training, resolve_model, with_serving_tis
     from agentbolt.trainer.trackers import open_trackers
 
     train_tasks, val_sets = tasks
@@ -252,6 +252,12 @@ async def _run_job(
         f"async_rollouts={grpo.async_rollouts} val={ {k: len(v) for k, v in val_sets.items()} } "
         f"success: {describe_success(grpo.accuracy_reward_name, grpo.success_threshold)}"
     )
+    if config.inference.quantization == "int8":
+        tis_cap = with_serving_tis(config.trainer_settings, config.inference).tis_cap
+        console.print(
+            "serving: int8 linears (inference.quantization; SmoothQuant scales calibrated on the first served "
+            f"prompts); truncated importance sampling tis_cap={tis_cap}"
+        )
     progress = JobProgress(console)
 
     def tracker(description: str, total: int) -> Callable[[int, int], None]:

@@ -50,6 +50,10 @@ class InferenceConfig(_Config):
         continuous_batching / prefix_cache_mb: ``embedded``: serve plain sampling requests from a running batch that
             rows join and leave at every step, and keep this many MiB of prompt keys and values for reuse (0: no
             prefix cache); see :class:`~agentbolt.inference.embedded.EmbeddedBackend`.
+        quantization: ``embedded``: ``none`` (serve the weights as they are, the default) or ``int8`` (the linears
+            fed by an RMSNorm in int8 with SmoothQuant scales, :mod:`agentbolt.inference.int8_linear`): faster
+            generation on a CPU without native bf16, at the price of served logprobs farther from the trainer's; a
+            job then trains with truncated importance sampling (``torch_trainer.tis_cap``, 2.0 unless set).
         timeout_s: longest wait for one answer from a remote engine.
     """
 
@@ -63,6 +67,7 @@ class InferenceConfig(_Config):
     llama_cpp_dir: str | None = None
     continuous_batching: bool = True
     prefix_cache_mb: int = Field(default=512, ge=0)
+    quantization: Literal["none", "int8"] = "none"
     timeout_s: float = Field(default=600.0, gt=0)
 
     @model_validator(mode="after")
@@ -77,6 +82,11 @@ class InferenceConfig(_Config):
             raise ValueError(
                 f"inference.url is the {self.engine} server's root, not its OpenAI API root: use {root} instead of "
                 f"{self.url} (agentbolt calls {root}/health and the engine's own token routes)"
+            )
+        if self.engine != "embedded" and self.quantization != "none":
+            raise ValueError(
+                f"inference.quantization applies to the embedded engine; {self.engine} serves the weights it is "
+                "given (quantize them in the engine itself, e.g. a quantized GGUF or vLLM's --quantization)"
             )
         if self.engine == "embedded" and self.url:
             raise ValueError("inference.url is for a remote engine; the embedded engine runs in the job's process")

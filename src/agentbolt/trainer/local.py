@@ -38,6 +38,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+INT8_TIS_CAP = 2.0
+"""``tis_cap`` a job sets when ``inference.quantization`` is ``int8`` and the trainer settings leave it unset: the
+cap of truncated importance sampling (Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
+Training", which uses C = 2 for a vLLM sampler against an FSDP trainer)."""
+
 
 @dataclass
 class LocalTraining:
@@ -140,8 +145,18 @@ class LocalMachine:
             console=console,
             continuous_batching=settings.continuous_batching if settings is not None else True,
             prefix_cache_bytes=(settings.prefix_cache_mb if settings is not None else 512) * 1024 * 1024,
+            quantization=settings.quantization if settings is not None else "none",
         )
         return LoadedModel(backend, setup_s)
+
+
+def with_serving_tis(config: TorchTrainerConfig, inference: InferenceConfig | None) -> TorchTrainerConfig:
+    """``config`` with truncated importance sampling on (``tis_cap`` :data:`INT8_TIS_CAP`) when the engine serves
+    in int8 (``inference.quantization``) and ``tis_cap`` is unset (``None``; a resolved config file writes that
+    default too, so an explicit ``null`` cannot turn it off); otherwise ``config`` as it is."""
+    if inference is None or inference.quantization != "int8" or config.tis_cap is not None:
+        return config
+    return config.model_copy(update={"tis_cap": INT8_TIS_CAP})
 
 
 @dataclass
@@ -327,6 +342,7 @@ def load_embedded(
     console: Console | None = None,
     continuous_batching: bool = True,
     prefix_cache_bytes: int = 512 * 1024 * 1024,
+    quantization: str = "none",
 ) -> tuple[EmbeddedBackend, float]:
     """Prepare (first use converts the GGUF) and load an embedded model under a console status; return the backend
     with the seconds this took.
@@ -347,6 +363,7 @@ def load_embedded(
             batch_wait_s=batch_wait_s,
             continuous_batching=continuous_batching,
             prefix_cache_bytes=prefix_cache_bytes,
+            quantization=quantization,
         )
     return backend, time.perf_counter() - t_start
 
@@ -709,6 +726,7 @@ async def local_training(
     LightningRL(grpo, agent_match=agent_match)  # bad names and patterns fail before the model loads
     load_agent(machine.agent)
     config = trainer_config if trainer_config is not None else TorchTrainerConfig()
+    config = with_serving_tis(config, machine.inference)
     if machine.engine != "embedded":
         async with _engine_training(
             machine,

@@ -226,6 +226,11 @@ class PPOClipStats:
         kl_reference: mean of the chosen estimator of KL(pi || pi_ref); NaN without a reference.
         tis_weight_mean: mean truncated importance weight (1.0 without truncated importance sampling).
         tis_truncated_fraction: share of masked tokens whose weight the cap lowered (0.0 without it).
+        sampling_kl: the same k3 estimator between the sampler and the trainer, ``d - 1 - log d`` with ``d =
+            pi_trainer / pi_sampling`` (``pi_trainer``: ``old_logprobs`` when given, else the logprobs of this
+            forward): how far the serving engine's logprobs sit from the trainer's. Without truncated importance
+            sampling it equals ``approx_kl``; with it ``approx_kl`` is 0 by construction (the ratio is anchored at
+            the trainer's own logprobs) and this is the figure to watch.
     """
 
     clip_fraction: float
@@ -235,6 +240,7 @@ class PPOClipStats:
     kl_reference: float = math.nan
     tis_weight_mean: float = 1.0
     tis_truncated_fraction: float = 0.0
+    sampling_kl: float = 0.0
 
 
 def _same_shape(name: str, tensor: torch.Tensor | None, shape: torch.Size) -> None:
@@ -367,6 +373,9 @@ def ppo_clip_loss(
         count = max(n_tokens, 1)
         clipped_away = ((advantages > 0) & (ratio > 1.0 + clip_high)) | ((advantages < 0) & (ratio < 1.0 - clip_low))
         tis_mean, tis_truncated = 1.0, 0.0
+        trainer_lp = (old_logprobs_BT if old_logprobs_BT is not None else logprobs_BT).to(torch.float32)
+        served = torch.where(mask, trainer_lp - sampling_logprobs_BT.to(torch.float32), zero)
+        served = served.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
         if tis_w is not None and tis_cap is not None and old_logprobs_BT is not None:
             raw = old_logprobs_BT.to(torch.float32) - sampling_logprobs_BT.to(torch.float32)
             tis_mean = float((tis_w * mask_f).sum().item()) / count if n_tokens else 1.0
@@ -379,5 +388,6 @@ def ppo_clip_loss(
             kl_reference=float(kl_BT.sum().item()) / count if kl_BT is not None else math.nan,
             tis_weight_mean=tis_mean,
             tis_truncated_fraction=tis_truncated,
+            sampling_kl=float((((torch.exp(served) - 1.0) - served) * mask_f).sum().item()) / count,
         )
     return loss, stats

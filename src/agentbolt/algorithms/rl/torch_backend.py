@@ -180,7 +180,9 @@ class TorchPolicyTrainer:
 
         Returns:
             Floats: ``loss`` (the batch's PPO-clip loss), ``clip_fraction``, ``approx_kl`` (k3, mean over trained
-            tokens), ``kl_reference`` (mean KL estimate to the reference; ``nan`` when ``kl_coef`` is 0),
+            tokens), ``sampling_kl`` (k3 between the serving engine's and the trainer's logprobs; equals
+            ``approx_kl`` without ``tis_cap``), ``tis_weight_mean`` / ``tis_truncated_fraction`` (1 / 0 without
+            ``tis_cap``), ``kl_reference`` (mean KL estimate to the reference; ``nan`` when ``kl_coef`` is 0),
             ``ratio_mean``, ``grad_norm`` (before clipping; ``nan`` when no step was taken), ``value_loss`` and
             ``value_mean`` (the value head's loss and mean estimate over trained tokens; ``nan`` without gae),
             ``stepped`` (1.0 or 0.0), ``n_samples`` (trained), ``n_skipped_zero_advantage``,
@@ -232,6 +234,9 @@ class TorchPolicyTrainer:
                 "value_loss": math.nan,
                 "value_mean": math.nan,
                 "approx_kl": math.nan,
+                "sampling_kl": math.nan,
+                "tis_weight_mean": math.nan,
+                "tis_truncated_fraction": math.nan,
                 "kl_reference": math.nan,
                 "clip_fraction": math.nan,
                 "ratio_mean": math.nan,
@@ -255,6 +260,7 @@ class TorchPolicyTrainer:
 
         loss_sum = 0.0
         kl_sum = clip_sum = ratio_sum = kl_ref_sum = value_loss_sum = value_sum = 0.0
+        sampling_kl_sum = tis_weight_sum = tis_truncated_sum = 0.0
         n_padding = n_forwarded = 0
         self.optimizer.zero_grad(set_to_none=True)
         self.model.train()
@@ -297,6 +303,9 @@ class TorchPolicyTrainer:
                 loss_sum += float(loss.item())
                 n = loss_stats.n_loss_tokens
                 kl_sum += loss_stats.approx_kl * n
+                sampling_kl_sum += loss_stats.sampling_kl * n
+                tis_weight_sum += loss_stats.tis_weight_mean * n
+                tis_truncated_sum += loss_stats.tis_truncated_fraction * n
                 kl_ref_sum += loss_stats.kl_reference * n
                 clip_sum += loss_stats.clip_fraction * n
                 ratio_sum += loss_stats.ratio_mean * n
@@ -318,6 +327,9 @@ class TorchPolicyTrainer:
             value_loss=value_loss_sum if has_values else math.nan,
             value_mean=value_sum / total_loss_tokens if has_values else math.nan,
             approx_kl=kl_sum / total_loss_tokens,
+            sampling_kl=sampling_kl_sum / total_loss_tokens,
+            tis_weight_mean=tis_weight_sum / total_loss_tokens,
+            tis_truncated_fraction=tis_truncated_sum / total_loss_tokens,
             kl_reference=kl_ref_sum / total_loss_tokens,
             clip_fraction=clip_sum / total_loss_tokens,
             ratio_mean=ratio_sum / total_loss_tokens,
