@@ -144,3 +144,23 @@ def test_a_lora_model_serves_its_rms_norm_fed_linears_in_int8_and_follows_adapte
     assert kl_after < 1e-3 and (after - served).abs().max() > 0.05
     packed_linear.uninstall(policy)
     assert not any(int8_linear.is_marked(module) for module in policy.modules())
+
+
+def test_one_outlier_row_does_not_cost_the_other_rows_their_precision() -> None:
+    """The op quantizes its input per tensor; rows are scaled to one peak first, so a row 1000x larger than the rest
+    (a sequence's first position carries such activations) leaves the others as precise as alone."""
+    torch.manual_seed(0)
+    block = _Block()
+    int8_linear.mark(block)
+    layer = block.q_proj
+    weight = lambda: layer.weight.detach().float()  # noqa: E731
+    calibration = _outlier_inputs(int8_linear.CALIBRATION_ROWS, 256, seed=5)
+    assert int8_linear.forward(layer, calibration, weight, layer.bias, (0,)) is not None
+    x = _outlier_inputs(16, 256, seed=6)
+    x[0] *= 1000.0
+    with torch.no_grad():
+        served = int8_linear.forward(layer, x, weight, layer.bias, (0,))
+        reference = layer(x)
+    assert served is not None
+    assert _relative_error(served[1:], reference[1:]) < 0.02
+    assert _relative_error(served[:1], reference[:1]) < 0.02

@@ -20,8 +20,9 @@ instead of being folded into the RMSNorm weights, so the model the trainer share
 scales of its own. The weight (for a LoRA layer the merged ``W + scaling B A``) is multiplied by ``s``, quantized per
 output channel (symmetric int8, PyTorch's per-channel observer) and prepacked for
 ``torch.ops.quantized.linear_dynamic``, again whenever the weight or adapter changes (after each update); the input
-is quantized per tensor at each call (8-bit where the CPU has VNNI, whose int32 sums cannot saturate; 7-bit
-elsewhere).
+is quantized at each call, per row (each row of ``x / s`` is scaled to a peak of 1 before the op, which quantizes per
+tensor, and the output row scaled back: one outlier row no longer coarsens the others), 8-bit where the CPU has VNNI
+(whose int32 sums cannot saturate), 7-bit elsewhere.
 
 What it costs: the served logprobs are the int8 model's, farther from the trainer's than the float32 serving path
 (``approx_kl`` at step start measures it; a job turns on truncated importance sampling with it). The recorded ids
@@ -128,7 +129,7 @@ class Int8State:
         scale: the SmoothQuant scales ``s`` (``(in_features,)``) once calibrated (``None`` while calibrating).
         inv_scale: ``1 / s``.
         identity: what the packed weight was made from (weight and adapter versions); rebuilt when it changes.
-        packed: the prepacked int8 weight and bias.
+        packed: the prepacked int8 weight (the bias is added in float after it).
     """
 
     peak: torch.Tensor | None = None
@@ -214,8 +215,15 @@ def forward(
         return None
     inv_scale = state.inv_scale
     assert inv_scale is not None  # set by the calibration that made the packed weight
-    # x / s, widened to float32 by the multiply; the op quantizes it per tensor and flattens leading dimensions
-    out = torch.ops.quantized.linear_dynamic(x * inv_scale, state.packed, reduce_range=not _full_range())
+    # x / s, widened to float32 by the multiply, then each row scaled to a peak of 1: the op quantizes its input
+    # per tensor, and one row with an outlier would otherwise cost every other row of the batch its precision
+    # (per-token quantization, as SmoothQuant's W8A8 with dynamic per-token activations)
+    smoothed = x * inv_scale
+    peak = smoothed.abs().amax(dim=-1, keepdim=True).clamp_(min=1e-12)
+    out = torch.ops.quantized.linear_dynamic(smoothed / peak, state.packed, reduce_range=not _full_range())
+    out = out * peak
+    if bias is not None:
+        out = out + bias
     return out.to(x.dtype)
 
 
@@ -242,6 +250,6 @@ def _prepare(
         else:
             full = weight()
         assert state.scale is not None
-        state.packed = quantize_weight(full * state.scale, None if bias is None else bias.detach().float())
+        state.packed = quantize_weight(full * state.scale, None)  # the bias is added after the row scale
         state.identity = identity
     return True
