@@ -160,9 +160,9 @@ class EmbeddedBackend:
         sampling requests with :mod:`agentbolt.inference.continuous` (rows join and leave the running batch at every
         step; prompts start from their longest cached prefix, ``prefix_cache_bytes`` of keys and values kept; 0
         turns the prefix cache off); off, every request goes through ``model.generate`` batches. ``quantization``
-        ``int8`` serves the linears fed by an RMSNorm in int8 with SmoothQuant scales calibrated on the first
-        served rows (:mod:`agentbolt.inference.int8_linear`: faster on a CPU without native bf16, and logprobs
-        farther from the trainer's); ``none`` serves the weights as they are.
+        ``int8`` serves the attention's and the MLP's gate/up linears and the output projection in int8 with
+        SmoothQuant scales calibrated on the first served rows (:mod:`agentbolt.inference.int8_linear`: faster on a
+        CPU without native bf16, and logprobs farther from the trainer's); ``none`` serves the weights as they are.
 
         Raises:
             ConfigError: ``max_batch_size < 1``, ``batch_wait_s < 0``, an unknown ``quantization``, or ``int8`` where
@@ -313,6 +313,8 @@ class EmbeddedBackend:
         """Generate with ``model`` from now on (e.g. ``peft.get_peft_model(backend.model, lora_config)``, which
         wraps the same weights). Waits for the running batch. ``version``, when given, becomes ``model_version``."""
         with self.paused():
+            if self.quantization == "int8":  # a peft model wraps the same linears: theirs become base layers
+                int8_linear.unmark(self.model)
             self.model = model
             self._engine_ok = self._continuous_batching and supports_continuous(model)
             if self.quantization == "int8":

@@ -50,10 +50,11 @@ class InferenceConfig(_Config):
         continuous_batching / prefix_cache_mb: ``embedded``: serve plain sampling requests from a running batch that
             rows join and leave at every step, and keep this many MiB of prompt keys and values for reuse (0: no
             prefix cache); see :class:`~agentbolt.inference.embedded.EmbeddedBackend`.
-        quantization: ``embedded``: ``none`` (serve the weights as they are, the default) or ``int8`` (the linears
-            fed by an RMSNorm in int8 with SmoothQuant scales, :mod:`agentbolt.inference.int8_linear`): faster
-            generation on a CPU without native bf16, at the price of served logprobs farther from the trainer's; a
-            job then trains with truncated importance sampling (``torch_trainer.tis_cap``, 2.0 unless set).
+        quantization: ``embedded``: ``none`` (serve the weights as they are, the default) or ``int8`` (q, k, v, o,
+            gate, up and the output projection in int8 with SmoothQuant scales,
+            :mod:`agentbolt.inference.int8_linear`): faster generation on a CPU without native bf16, at the price of
+            served logprobs farther from the trainer's; a job then trains with truncated importance sampling
+            (``torch_trainer.tis_cap``, 2.0 unless set).
         timeout_s: longest wait for one answer from a remote engine.
     """
 
