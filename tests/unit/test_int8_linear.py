@@ -89,20 +89,13 @@ def test_smoothing_beats_plain_int8_on_outlier_channels() -> None:
 
 def _lora_qwen() -> torch.nn.Module:
     """A real Qwen2 causal LM (2 layers, random weights: nothing downloaded) with a LoRA adapter on every linear."""
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     peft = pytest.importorskip("peft")
-    torch.manual_seed(0)
-    config = transformers.Qwen2Config(
-        vocab_size=512,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
+    from tiny_models import tiny_qwen2
+
+    model = tiny_qwen2(
+        512, max_positions=256, hidden_size=256, intermediate_size=512, tie_word_embeddings=True, dtype=torch.bfloat16
     )
-    model = transformers.Qwen2ForCausalLM(config).to(torch.bfloat16).eval()
     lora = peft.LoraConfig(
         r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "up_proj"]
     )
