@@ -227,7 +227,8 @@ def _lora_forward(module: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> to
       ``A``, ``B`` or the scaling changes.
     - Inside :func:`packed_linears` with bf16 compute: peft's forward (its base layer runs packed).
     - Elsewhere on a CPU (the trainer's forward and backward): :class:`~agentbolt.inference.lora_matmul.
-      LoRALinearFunction` in :func:`compute_dtype`.
+      LoRALinearFunction` in :func:`compute_dtype` for bf16 inputs, in the input's own dtype otherwise (a float32
+      or float64 model is never multiplied in bf16).
     - With dropout, several adapters, a variant (DoRA), or peft's merged or disabled states: peft's forward.
     """
     name = _plain_adapter(module, x, args, kwargs)
@@ -236,7 +237,9 @@ def _lora_forward(module: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> to
     base, lora_A, lora_B = module.base_layer, module.lora_A[name].weight, module.lora_B[name].weight
     scaling = float(module.scaling[name])
     if not getattr(_state, "on", False):
-        return lora_linear(x, base.weight, base.bias, lora_A, lora_B, scaling, compute_dtype())
+        # bf16 inputs multiply in the CPU's fast dtype; a float32 or float64 model keeps its own precision
+        compute = compute_dtype() if x.dtype == torch.bfloat16 else x.dtype
+        return lora_linear(x, base.weight, base.bias, lora_A, lora_B, scaling, compute)
     if base.weight.is_inference() or lora_A.is_inference() or lora_B.is_inference():
         return type(module).forward(module, x, *args, **kwargs)
     identity = (name, scaling) + tuple((t.data_ptr(), t._version) for t in (base.weight, lora_A, lora_B))
