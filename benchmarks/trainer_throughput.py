@@ -204,6 +204,7 @@ def run_agentbolt(spec: dict[str, Any], batch: dict[str, Any]) -> dict[str, Any]
         loss_aggregation="token_mean",
         gradient_checkpointing=spec["gradient_checkpointing"],
         shared_prefix_min_tokens=spec["shared_prefix_min_tokens"],
+        sequence_packing=spec.get("sequence_packing", True),
     )
     policy = attach_lora(_load_model(spec), config)
     trainer = TorchPolicyTrainer(policy, config, pad_token_id=batch["pad_token_id"])
@@ -225,7 +226,7 @@ def run_agentbolt(spec: dict[str, Any], batch: dict[str, Any]) -> dict[str, Any]
     rss_before = _rss_bytes()
     step_s: list[float] = []
     cpu_s: list[float] = []
-    padded = 0
+    padded = forwarded = 0
     profiler = None
     for step in range(spec["warmup"] + spec["steps"]):
         timed = step >= spec["warmup"]
@@ -237,6 +238,7 @@ def run_agentbolt(spec: dict[str, Any], batch: dict[str, Any]) -> dict[str, Any]
             step_s.append(time.perf_counter() - t0)
             cpu_s.append(time.process_time() - c0)
         padded = int(stats["n_tokens"] + stats["n_padding_tokens"])
+        forwarded = int(stats["n_forwarded_positions"])
         assert stats["stepped"] == 1.0, stats
     if profiler is not None:
         _stop_profiler(profiler, spec["profile"])
@@ -244,6 +246,7 @@ def run_agentbolt(spec: dict[str, Any], batch: dict[str, Any]) -> dict[str, Any]
         "step_s": step_s,
         "cpu_s": cpu_s,
         "padded_positions_per_step": padded,
+        "forwarded_positions_per_step": forwarded,
         "rss_before_train_bytes": rss_before,
         "lora_b_abs_mean": _lora_b_abs_mean(policy),
     }
@@ -418,6 +421,11 @@ def main() -> None:
         default=32,
         help="agentbolt: forward the samples' common prefix once per micro-batch when at least this long (0: off)",
     )
+    parser.add_argument(
+        "--no-sequence-packing",
+        action="store_true",
+        help="agentbolt: right-padded rows after the shared prefix instead of packing several sequences to a row",
+    )
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     parser.add_argument("--steps", type=int, default=3, help="timed optimizer steps")
     parser.add_argument("--repeats", type=int, default=1, help="alternate the sides this many times")
@@ -467,6 +475,7 @@ def main() -> None:
         "micro_batch_rows": args.micro_batch_rows,
         "micro_batch_tokens": args.micro_batch_rows * longest,
         "shared_prefix_min_tokens": args.shared_prefix_min_tokens,
+        "sequence_packing": not args.no_sequence_packing,
         "warmup": args.warmup,
         "steps": args.steps,
         "seed": args.seed,
@@ -481,6 +490,7 @@ def main() -> None:
         "lora": f"r{args.lora_r}-a{args.lora_alpha}-all7",
         "gradient_checkpointing": args.gradient_checkpointing,
         "shared_prefix_min_tokens": args.shared_prefix_min_tokens,
+        "sequence_packing": not args.no_sequence_packing,
         "threads": args.threads,
         "sequences_per_step": n,
         "groups": args.groups,
@@ -519,6 +529,11 @@ def main() -> None:
                     "trained_tokens_per_s": round(trained_tokens / step_s, 1),
                     "tokens_per_s": round(tokens / step_s, 1),
                     "padded_positions_per_step": res["padded_positions_per_step"],
+                    **(
+                        {"forwarded_positions_per_step": res["forwarded_positions_per_step"]}
+                        if side == "agentbolt"
+                        else {}
+                    ),
                     "peak_rss_bytes": res["peak_rss_bytes"],
                     "rss_before_train_bytes": res["rss_before_train_bytes"],
                     "threads": res["threads"],

@@ -9,6 +9,7 @@ from agentbolt.adapter.samples import (
     build_samples,
     merge_transitions,
     plan_micro_batches,
+    plan_packed_micro_batches,
     samples_from_trajectories,
 )
 from agentbolt.algorithms.rl.losses import rollout_mean_weights
@@ -187,3 +188,26 @@ def test_merged_samples_keep_rollout_mean_weights_per_rollout() -> None:
     assert ids == ["a", "b", "b"]
     weights = rollout_mean_weights(ids, [s.n_loss_tokens for s in batch.samples])
     assert weights == pytest.approx([1 / 6, 1 / 4, 1 / 4])
+
+
+def test_packed_micro_batches_fill_rows_longest_first() -> None:
+    # capacity 10 (the longest); first-fit decreasing: 10 | 7+3 | 6+4 | 5+2(+...)
+    lengths = [3, 10, 6, 7, 2, 4, 5]
+    plans = plan_packed_micro_batches(lengths, max_tokens=20)  # 2 rows of 10 per micro-batch
+    assert [(p.n_rows, p.width) for p in plans] == [(2, 10), (2, 10)]
+    assert [p.indices for p in plans] == [[1, 3, 0], [2, 5, 6, 4]]
+    assert [p.rows for p in plans] == [[0, 1, 1], [0, 0, 1, 1]]
+    assert [p.offsets for p in plans] == [[0, 0, 7], [0, 6, 0, 5]]
+    assert sorted(i for p in plans for i in p.indices) == list(range(len(lengths)))
+    # the last micro-batch's width is its fullest row; a budget below the capacity still gives one row each
+    (single,) = plan_packed_micro_batches([4, 3], max_tokens=100)
+    assert (single.n_rows, single.width, single.indices, single.offsets) == (2, 4, [0, 1], [0, 0])
+    assert [p.n_rows for p in plan_packed_micro_batches([5, 5, 1], max_tokens=3)] == [1, 1, 1]
+    assert plan_packed_micro_batches([], max_tokens=8) == []
+
+
+def test_packed_micro_batches_refuse_bad_budgets_and_lengths() -> None:
+    with pytest.raises(ConfigError, match="max_tokens"):
+        plan_packed_micro_batches([3], max_tokens=0)
+    with pytest.raises(ConfigError, match="length"):
+        plan_packed_micro_batches([3, 0], max_tokens=8)

@@ -116,3 +116,43 @@ def test_no_shared_prefix_when_it_is_too_short_or_reaches_a_trained_token() -> N
     same = [samples[1], samples[2]]  # one prompt: the prefix stops one id before the first trained token
     assert _trainer(8, 4096)._shared_prefix_length(same) == samples[1].loss_mask.index(1) - 1
     assert _trainer(8, 4096)._shared_prefix_length(samples[:1]) == 0  # one sample: nothing to share
+
+
+def _packing_trainer(packing: bool, micro_batch_tokens: int) -> TorchPolicyTrainer:
+    trainer = _trainer(8, micro_batch_tokens)
+    trainer.config = trainer.config.model_copy(update={"sequence_packing": packing})
+    return trainer
+
+
+def test_packed_tails_give_the_full_forwards_logprobs_and_gradients() -> None:
+    samples = _samples()
+    trainer = _packing_trainer(True, 4096)
+    ((indices, packing),) = trainer._plan(samples, 24)
+    assert packing is not None and packing.n_rows < len(samples)  # some tails share a row
+    full = _gradients(trainer, samples, prefix_len=0)
+    trainer.model.train()
+    tensors = trainer._collate([samples[i] for i in indices], packing)
+    logprobs, _ = trainer._token_logprobs_and_values(tensors, prefix_len=24)
+    order = torch.tensor(indices)
+    weights = torch.arange(1, logprobs.numel() + 1, dtype=logprobs.dtype).view(len(samples), -1)
+    (logprobs * weights[order]).sum().backward()  # the same weight per token as the unpacked order got
+    assert _relative(logprobs, full["logprobs"][order]) < 1e-6
+    for name, parameter in trainer.model.named_parameters():
+        if parameter.grad is not None:
+            assert _relative(parameter.grad, full[name]) < 1e-6, name
+
+
+@pytest.mark.parametrize("micro_batch_tokens", [4096, 40])
+def test_a_packed_train_step_equals_the_padded_one(micro_batch_tokens: int) -> None:
+    samples = _samples()
+    packed, padded = _packing_trainer(True, micro_batch_tokens), _packing_trainer(False, micro_batch_tokens)
+    stats_packed, stats_padded = packed.train_step(samples), padded.train_step(samples)
+    assert stats_packed["n_forwarded_positions"] < stats_padded["n_forwarded_positions"]
+    assert stats_packed["n_padding_tokens"] < stats_padded["n_padding_tokens"]
+    for key in ("loss", "grad_norm", "approx_kl", "clip_fraction", "ratio_mean", "n_loss_tokens", "n_tokens"):
+        assert stats_packed[key] == pytest.approx(stats_padded[key], rel=1e-6, abs=1e-9), key
+    for (name, a), (_, b) in zip(packed.model.named_parameters(), padded.model.named_parameters(), strict=True):
+        if "lora_" in name:
+            assert _relative(a, b) < 1e-6, name
+    for a, b in zip(packed.trainer_logprobs(samples), padded.trainer_logprobs(samples), strict=True):
+        assert a == pytest.approx(b, rel=1e-6, abs=1e-9)

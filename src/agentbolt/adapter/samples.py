@@ -421,3 +421,77 @@ def plan_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int
             batches.append([i])
             longest = lengths[i]
     return batches
+
+
+@dataclass(frozen=True)
+class PackedMicroBatch:
+    """One micro-batch whose sequences are packed several to a row (:func:`plan_packed_micro_batches`).
+
+    Attributes:
+        indices: ``(N,)`` indices into the planned lengths, in collation order.
+        rows: ``(N,)`` the packed row of each sequence, ``0 .. n_rows - 1``.
+        offsets: ``(N,)`` where each sequence starts in its row.
+        n_rows: packed rows.
+        width: the longest row (positions per row once packed; shorter rows are padded to it).
+    """
+
+    indices: list[int]
+    rows: list[int]
+    offsets: list[int]
+    n_rows: int
+    width: int
+
+
+def plan_packed_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[PackedMicroBatch]:
+    """Pack sequences several to a row, then group the rows into micro-batches of at most ``max_tokens`` positions.
+
+    Rows have the capacity of the longest sequence. Sequences are placed longest first, each into the first row
+    with room for it (first-fit decreasing bin packing, Johnson 1974: at most 11/9 of the optimal number of rows,
+    plus a constant), so a short sequence fills the space a long one left instead of being padded to it. Rows are
+    then grouped in order, ``max(1, max_tokens // capacity)`` to a micro-batch; a micro-batch's ``width`` is its
+    fullest row, so it forwards ``n_rows * width <= max_tokens`` positions (one row when the longest sequence
+    alone exceeds the budget).
+
+    Args:
+        lengths: ``(N,)`` sequence lengths (>= 1).
+        max_tokens: positions per micro-batch, padding included (>= 1).
+
+    Returns:
+        The micro-batches; every index appears in exactly one, once.
+
+    Raises:
+        ConfigError: ``max_tokens < 1`` or a length below 1.
+    """
+    if max_tokens < 1:
+        raise ConfigError(f"max_tokens must be >= 1, got {max_tokens}")
+    if any(n < 1 for n in lengths):
+        raise ConfigError(f"every sequence length must be >= 1, got {min(lengths)}")
+    if not lengths:
+        return []
+    capacity = max(lengths)
+    bins: list[list[int]] = []
+    used: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        for b, filled in enumerate(used):
+            if filled + lengths[i] <= capacity:
+                bins[b].append(i)
+                used[b] += lengths[i]
+                break
+        else:
+            bins.append([i])
+            used.append(lengths[i])
+    per_batch = max(1, max_tokens // capacity)
+    plans: list[PackedMicroBatch] = []
+    for first in range(0, len(bins), per_batch):
+        group = bins[first : first + per_batch]
+        indices, rows, offsets = [], [], []
+        for row, members in enumerate(group):
+            offset = 0
+            for i in members:
+                indices.append(i)
+                rows.append(row)
+                offsets.append(offset)
+                offset += lengths[i]
+        width = max(used[first : first + per_batch])
+        plans.append(PackedMicroBatch(indices, rows, offsets, len(group), width))
+    return plans

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from agentbolt.adapter.samples import TrainingSample, plan_micro_batches
+from agentbolt.adapter.samples import PackedMicroBatch, TrainingSample, plan_micro_batches, plan_packed_micro_batches
 from agentbolt.algorithms.rl.losses import ppo_clip_loss, rollout_mean_weights
 from agentbolt.algorithms.rl.trainer_config import TorchTrainerConfig
 from agentbolt.errors import ConfigError
@@ -151,6 +151,7 @@ class TorchPolicyTrainer:
                     "as lm_head(decoder(x)) and does not support it"
                 )
         self._decoder = base.get_decoder()
+        self._attention = str(getattr(base.config, "_attn_implementation", None))
         self._cache_kwarg = cache_kwarg(self._decoder)
         head = base.get_output_embeddings()
         if not isinstance(head, torch.nn.Module):
@@ -250,7 +251,7 @@ class TorchPolicyTrainer:
         token_mean = self.config.loss_aggregation == "token_mean"
         normalizer = float(total_loss_tokens) if token_mean else float(len(kept))
         prefix_len = self._shared_prefix_length(kept)
-        plan = plan_micro_batches([s.n_tokens - prefix_len for s in kept], self.config.micro_batch_tokens)
+        plan = self._plan(kept, prefix_len)
         # rollout_mean: per-token weights over the whole batch, so each rollout weighs the same however split
         weights = (
             rollout_mean_weights([s.rollout_id for s in kept], [s.n_loss_tokens for s in kept])
@@ -265,9 +266,9 @@ class TorchPolicyTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.model.train()
         try:
-            for indices in plan:
+            for indices, packing in plan:
                 batch = [kept[i] for i in indices]
-                tensors = self._collate(batch)
+                tensors = self._collate(batch, packing)
                 logprobs, values = self._token_logprobs_and_values(tensors, prefix_len=prefix_len)
                 ref_logprobs = None
                 if self.config.kl_coef > 0:
@@ -309,8 +310,11 @@ class TorchPolicyTrainer:
                 kl_ref_sum += loss_stats.kl_reference * n
                 clip_sum += loss_stats.clip_fraction * n
                 ratio_sum += loss_stats.ratio_mean * n
-                n_padding += len(batch) * max(s.n_tokens for s in batch) - sum(s.n_tokens for s in batch)
-                n_forwarded += prefix_len + len(batch) * (max(s.n_tokens for s in batch) - prefix_len)
+                tails = len(batch) * (max(s.n_tokens for s in batch) - prefix_len)  # right-padded rows
+                if packing is not None:
+                    tails = packing.n_rows * packing.width
+                n_padding += tails - sum(s.n_tokens - prefix_len for s in batch)
+                n_forwarded += prefix_len + tails
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self._params, self.config.max_grad_norm).item())
             stepped = math.isfinite(grad_norm)
             if stepped:
@@ -386,9 +390,8 @@ class TorchPolicyTrainer:
         out: list[list[float]] = [[] for _ in samples]
         try:
             prefix_len = self._shared_prefix_length(samples)
-            budget = self.config.micro_batch_tokens
-            for indices in plan_micro_batches([s.n_tokens - prefix_len for s in samples], budget):
-                tensors = self._collate([samples[i] for i in indices])
+            for indices, packing in self._plan(samples, prefix_len):
+                tensors = self._collate([samples[i] for i in indices], packing)
                 tensors["prefix_len"] = torch.tensor(prefix_len)
                 computed = compute(tensors).cpu()
                 for row, i in enumerate(indices):
@@ -492,9 +495,24 @@ class TorchPolicyTrainer:
         if "cuda_rng" in state and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng"])
 
-    def _collate(self, batch: Sequence[TrainingSample]) -> dict[str, torch.Tensor]:
+    def _plan(
+        self, samples: Sequence[TrainingSample], prefix_len: int
+    ) -> list[tuple[list[int], PackedMicroBatch | None]]:
+        """Micro-batches of ``samples`` (indices) for a forward that starts after ``prefix_len`` shared ids: packed
+        several to a row (``sequence_packing``, with a shared prefix and SDPA attention), else right-padded rows."""
+        tails = [s.n_tokens - prefix_len for s in samples]
+        budget = self.config.micro_batch_tokens
+        if prefix_len > 0 and self.config.sequence_packing and self._attention == "sdpa":
+            return [(plan.indices, plan) for plan in plan_packed_micro_batches(tails, budget)]
+        return [(indices, None) for indices in plan_micro_batches(tails, budget)]
+
+    def _collate(
+        self, batch: Sequence[TrainingSample], packing: PackedMicroBatch | None = None
+    ) -> dict[str, torch.Tensor]:
         """Right-pad a micro-batch: ``input_ids``/``attention_mask``/``loss_mask`` ``(B, T)`` int64,
-        ``sampling_logprobs`` ``(B, T)`` float32, ``advantages`` and ``inverse_temperatures`` ``(B,)`` float32."""
+        ``sampling_logprobs`` ``(B, T)`` float32, ``advantages`` and ``inverse_temperatures`` ``(B,)`` float32;
+        with ``packing``, also ``pack_rows`` / ``pack_offsets`` ``(B,)`` int64 (where each row's tail after the
+        shared prefix goes in the packed forward, :meth:`_hidden_states`)."""
         width = max(s.n_tokens for s in batch)
         rows = len(batch)
         input_ids = torch.full((rows, width), self.pad_token_id, dtype=torch.long)
@@ -523,6 +541,9 @@ class TorchPolicyTrainer:
             "advantages": torch.tensor([s.advantage for s in batch], dtype=torch.float32),
             "inverse_temperatures": torch.tensor([1.0 / s.sampling_temperature for s in batch], dtype=torch.float32),
         }
+        if packing is not None:
+            tensors["pack_rows"] = torch.tensor(packing.rows, dtype=torch.long)
+            tensors["pack_offsets"] = torch.tensor(packing.offsets, dtype=torch.long)
         return {name: t.to(self.device) for name, t in tensors.items()}
 
     def _token_logprobs(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -554,6 +575,9 @@ class TorchPolicyTrainer:
             ]
         rows, width = input_ids.shape
         head = self._decoder(input_ids=input_ids[:1, :prefix_len], use_cache=True)
+        if "pack_rows" in tensors:
+            tail_BWH = self._packed_tails(tensors, prefix_len, cache_layers(output_cache(head)))
+            return torch.cat([head["last_hidden_state"].expand(rows, -1, -1), tail_BWH], dim=1)
         shared = as_cache(
             [(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in cache_layers(output_cache(head))]
         )
@@ -566,6 +590,49 @@ class TorchPolicyTrainer:
             **{self._cache_kwarg: shared},
         )
         return torch.cat([head["last_hidden_state"].expand(rows, -1, -1), tail["last_hidden_state"]], dim=1)
+
+    def _packed_tails(
+        self, tensors: dict[str, torch.Tensor], prefix_len: int, prefix_kv: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> torch.Tensor:
+        """``(B, T - P, H)`` hidden states of every row's tail (after the ``P = prefix_len`` shared ids; zeros past
+        a row's end), from one forward of the tails packed several to a row (``pack_rows`` / ``pack_offsets``).
+
+        Packed row ``r`` holds tails back to back; each position keeps its own sequence's ``position_ids`` (``P``
+        on) and attends to the shared prefix's keys and values (``prefix_kv``, per layer ``(1, KV, P, D)``) and to
+        the earlier positions of its own tail only, through a ``(R, 1, C, P + C)`` boolean mask (block-diagonal
+        causal after the prefix columns), so every tail gets the same attention as in its own row. Padding slots
+        see only the prefix (no row of the mask is empty) and are never read back."""
+        input_ids, device = tensors["input_ids"], tensors["input_ids"].device
+        rows_B, offsets_B = tensors["pack_rows"], tensors["pack_offsets"]
+        width = input_ids.shape[1] - prefix_len
+        lengths_B = tensors["attention_mask"].sum(dim=1) - prefix_len  # (B,)
+        n_rows = int(rows_B.max()) + 1
+        C = int((offsets_B + lengths_B).max())
+        t_W = torch.arange(width, device=device)
+        valid_BW = t_W.unsqueeze(0) < lengths_B.unsqueeze(1)
+        slot_BW = rows_B.unsqueeze(1) * C + offsets_B.unsqueeze(1) + t_W.unsqueeze(0)  # flat slot of each position
+        slots = slot_BW[valid_BW]
+        ids = torch.full((n_rows * C,), self.pad_token_id, dtype=input_ids.dtype, device=device)
+        ids[slots] = input_ids[:, prefix_len:][valid_BW]
+        positions = torch.zeros((n_rows * C,), dtype=torch.long, device=device)
+        positions[slots] = (prefix_len + t_W).expand_as(valid_BW)[valid_BW]
+        segment = torch.full((n_rows * C,), -1, dtype=torch.long, device=device)
+        segment[slots] = torch.arange(len(rows_B), device=device).unsqueeze(1).expand_as(valid_BW)[valid_BW]
+        segment_RC = segment.view(n_rows, C)
+        causal = torch.ones((C, C), dtype=torch.bool, device=device).tril()
+        own_RCC = (segment_RC.unsqueeze(2) == segment_RC.unsqueeze(1)) & (segment_RC.unsqueeze(2) >= 0) & causal
+        mask = torch.cat([own_RCC.new_ones((n_rows, C, prefix_len)), own_RCC], dim=2).unsqueeze(1)
+        cache = as_cache([(k.expand(n_rows, -1, -1, -1), v.expand(n_rows, -1, -1, -1)) for k, v in prefix_kv])
+        packed = self._decoder(
+            input_ids=ids.view(n_rows, C),
+            position_ids=positions.view(n_rows, C),
+            attention_mask=mask,
+            use_cache=True,
+            **{self._cache_kwarg: cache},
+        )["last_hidden_state"]  # (R, C, H)
+        flat = packed.reshape(n_rows * C, -1)
+        gathered = flat[slot_BW.clamp(max=n_rows * C - 1)]  # (B, W, H); positions past a row's end are zeroed
+        return torch.where(valid_BW.unsqueeze(2), gathered, gathered.new_zeros(()))
 
     def _token_logprobs_and_values(
         self,

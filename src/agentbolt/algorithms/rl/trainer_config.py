@@ -70,6 +70,13 @@ class TorchTrainerConfig(BaseModel):
             and the gradients are those of the full forward (the same function, summed in another order: tested on a
             float64 model to relative 1e-6, the float32 rounding of the log-softmax).
             0 turns it off; off as well with ``gradient_checkpointing``.
+        sequence_packing: with a shared prefix (and SDPA attention), the rows' remaining ids are packed several to
+            a row (first-fit decreasing, :func:`~agentbolt.adapter.samples.plan_packed_micro_batches`) instead of
+            each row being right-padded to the longest: each packed id keeps its own position and attends to the
+            prefix and to its own sequence only (a block-diagonal causal mask), so the loss and gradients are those
+            of the padded forward (tested to 1e-6 on a float64 model) while padding positions, about a quarter of
+            the calc agent's update, are no longer forwarded. ``micro_batch_tokens`` then bounds packed
+            positions. Off: right-padded rows (e.g. on a GPU, where a custom mask keeps SDPA off its flash kernel).
         value_head: add a value head for PPO with GAE (the ``gae`` estimator): a float32 linear layer ``H -> 1``
             on the policy's last hidden state, zero-initialized, in the same optimizer step. The hidden state is
             detached, so the value loss trains the head alone and never moves the LoRA policy (a shared backbone
@@ -98,6 +105,7 @@ class TorchTrainerConfig(BaseModel):
     logprob_chunk_tokens: int = Field(default=512, ge=1)
     gradient_checkpointing: bool = False
     shared_prefix_min_tokens: int = Field(default=32, ge=0)
+    sequence_packing: bool = True
     value_head: bool = False
     vf_coef: float = Field(default=0.5, ge=0)
 
