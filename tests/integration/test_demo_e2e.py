@@ -71,6 +71,11 @@ def test_demo_one_step_with_smollm2(tmp_path: Path, smollm2_dir: Path, monkeypat
             assert all(r.status is RolloutStatus.SUCCEEDED for r in rollouts)
             train = [r for r in rollouts if r.mode is RolloutMode.TRAIN]
             assert len(train) == 4
+            # step 1's rollouts are queued alongside the evaluation before training, right after its own
+            before = [r for r in rollouts if r.metadata.get("eval") == "before"]
+            assert len(before) == 4
+            assert max(r.enqueue_time for r in before) <= min(r.enqueue_time for r in train)
+            assert min(r.enqueue_time for r in train) < max(r.end_time or 0.0 for r in before)
             spans = await store.query_spans(train[0].rollout_id)
             llm = [s for s in spans if s.name == semconv.SPAN_LLM_CALL]
             assert llm, "the train rollout recorded no LLM call"

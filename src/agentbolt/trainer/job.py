@@ -345,8 +345,12 @@ async def _run_job(
             await ensure_checkpoint_published(trainer, resume_info)
         n_val = sum(len(v) for v in val_sets.values())
 
-        async def evaluate(description: str, label: str) -> dict[str, float]:
-            accuracy = await trainer.evaluate(val_sets, on_progress=tracker(description, n_val), label=label)
+        async def evaluate(
+            description: str, label: str, on_enqueued: Callable[[], object] | None = None
+        ) -> dict[str, float]:
+            accuracy = await trainer.evaluate(
+                val_sets, on_progress=tracker(description, n_val), label=label, on_enqueued=on_enqueued
+            )
             if label in trainer.accuracy_reward_missing:  # the warning is logged; the summary keeps it too
                 job.setdefault("accuracy_reward_missing", []).append(label)
             return accuracy
@@ -384,20 +388,41 @@ async def _run_job(
         timing = job["timing_s"]
         try:
             with progress:
-                if val_sets and config.eval_before and not job["eval_before_done"]:
-                    t0 = time.perf_counter()
-                    job["val_before"] = await evaluate("eval before", "before")
+                eval_before: asyncio.Task[None] | None = None
+                enqueued = asyncio.Event()
+
+                async def run_eval_before(t0: float) -> None:
+                    job["val_before"] = await evaluate("eval before", "before", on_enqueued=enqueued.set)
                     job["eval_before_done"] = True
                     timing["eval_before"] = time.perf_counter() - t0
+
                 t_train = time.perf_counter()
-                results = await trainer.train(
-                    train_tasks,
-                    first_step=first_step,
-                    on_step_start=lambda step, total: tracker(f"step {step}: rollouts", total),
-                    on_step_end=record,
-                    after_step=after_step,
-                    keep_going=lambda step: not watch.tripped and (seams.keep_going is None or seams.keep_going(step)),
-                )
+                try:
+                    if val_sets and config.eval_before and not job["eval_before_done"]:
+                        # The first step's rollouts run alongside it (same weights; the first update waits for it),
+                        # queued after its own, so the runners and the running batch stay full through its tail.
+                        eval_before = asyncio.create_task(run_eval_before(t_train))
+                        queued = asyncio.create_task(enqueued.wait())
+                        await asyncio.wait({eval_before, queued}, return_when=asyncio.FIRST_COMPLETED)
+                        queued.cancel()
+                    results = await trainer.train(
+                        train_tasks,
+                        first_step=first_step,
+                        on_step_start=lambda step, total: tracker(f"step {step}: rollouts", total),
+                        on_step_end=record,
+                        after_step=after_step,
+                        keep_going=lambda step: (
+                            not watch.tripped and (seams.keep_going is None or seams.keep_going(step))
+                        ),
+                        first_update_after=eval_before,
+                    )
+                    if eval_before is not None:
+                        await eval_before  # no step ran (stopped before the first): the evaluation still counts
+                finally:
+                    if eval_before is not None and not eval_before.done():
+                        eval_before.cancel()
+                        with contextlib.suppress(asyncio.CancelledError, Exception):
+                            await eval_before
                 timing["train"] = timing.get("train", 0.0) + time.perf_counter() - t_train
                 if watch.failed:
                     pass  # nothing was trained: no checkpoint, no evaluation; the summary below says why

@@ -384,9 +384,12 @@ class RLTrainer:
         repeats: int = 1,
         on_progress: ProgressCallback | None = None,
         metadata: dict[str, Any] | None = None,
+        on_enqueued: Callable[[], object] | None = None,
     ) -> list[Rollout]:
-        """Enqueue every task ``repeats`` times and wait until all are terminal."""
+        """Enqueue every task ``repeats`` times (then call ``on_enqueued``) and wait until all are terminal."""
         ids = await self._enqueue(tasks, mode, resources_id, repeats=repeats, metadata=metadata)
+        if on_enqueued is not None:
+            on_enqueued()
         return await self._wait_all(ids, on_progress)
 
     async def _enqueue(
@@ -455,8 +458,10 @@ class RLTrainer:
         *,
         on_progress: ProgressCallback | None = None,
         label: str = "eval",
+        on_enqueued: Callable[[], object] | None = None,
     ) -> dict[str, float]:
         """Run every validation task once (greedy by default); return accuracy per set, in [0, 1].
+        ``on_enqueued`` is called once its rollouts are in the queue.
 
         Also stores each as metric ``val_accuracy/<set name>`` at ``train_step`` = the last finished step (0 before
         the first). When ``accuracy_reward_name`` is set and not one of the evaluation's rollouts recorded a reward
@@ -471,6 +476,7 @@ class RLTrainer:
             resources_id=resources_id,
             on_progress=on_progress,
             metadata={"eval": label},
+            on_enqueued=on_enqueued,
         )
         by_set: dict[str, list[float]] = {name: [] for name in val_sets}
         any_named = False
@@ -513,16 +519,24 @@ class RLTrainer:
         return PendingStep(train_step, ids, self.versions[-1], t0)
 
     async def finish_step(
-        self, pending: PendingStep, *, on_rollout_progress: ProgressCallback | None = None
+        self,
+        pending: PendingStep,
+        *,
+        on_rollout_progress: ProgressCallback | None = None,
+        update_after: Awaitable[object] | None = None,
     ) -> StepResult:
         """Wait for a step's rollouts, build its batch, update the policy and swap the serving weights.
 
         Under asynchronous training (``async_rollouts > 0``) the staleness bound applies to the batch
         (:mod:`agentbolt.adapter.staleness`), and the update runs while other steps' rollouts go on: only the
-        weight swap holds the gateway's calls (:meth:`swap_weights`).
+        weight swap holds the gateway's calls (:meth:`swap_weights`). ``update_after``: awaited after the rollouts
+        and before the update (its exception ends the step), e.g. an evaluation of the same weights running
+        alongside the rollouts; the wait counts in ``wait_s``.
         """
         t_wait = time.perf_counter()
         rollouts = await self._wait_all(pending.rollout_ids, on_rollout_progress)
+        if update_after is not None:
+            await update_after
         wait_s = time.perf_counter() - t_wait
         rollout_s = time.perf_counter() - pending.enqueued_at
         train_step = pending.train_step
@@ -653,6 +667,7 @@ class RLTrainer:
         on_step_end: Callable[[StepResult], None] | None = None,
         after_step: AfterStep | None = None,
         keep_going: Callable[[int], bool] | None = None,
+        first_update_after: Awaitable[object] | None = None,
     ) -> list[StepResult]:
         """Run training steps ``first_step`` .. ``steps`` (default ``config.steps``) on tasks drawn from ``tasks``.
 
@@ -674,6 +689,9 @@ class RLTrainer:
                 (steps enqueued ahead by asynchronous training excepted); a checkpoint is written there.
             keep_going: called with a step number before its rollouts are enqueued; ``False`` enqueues no more steps
                 (those already enqueued finish), e.g. to stop at a time budget.
+            first_update_after: awaited before the first update of this call (after its rollouts): the job's
+                evaluation before training runs alongside the first step's rollouts, on the same weights, and the
+                weights change only once it is done.
 
         Returns:
             The results of the steps run here, in order.
@@ -702,7 +720,8 @@ class RLTrainer:
             progress = None
             if on_step_start is not None:
                 progress = on_step_start(pending.train_step, len(pending.rollout_ids))
-            result = await self.finish_step(pending, on_rollout_progress=progress)
+            result = await self.finish_step(pending, on_rollout_progress=progress, update_after=first_update_after)
+            first_update_after = None
             results.append(result)
             if on_step_end is not None:
                 on_step_end(result)
