@@ -100,14 +100,21 @@ def test_a_train_step_is_the_same_with_and_without_the_shared_prefix(micro_batch
     stats_on, stats_off = on.train_step(samples), off.train_step(samples)
     assert stats_on["shared_prefix_tokens"] == 24 and stats_off["shared_prefix_tokens"] == 0
     assert stats_on["n_forwarded_positions"] < stats_off["n_forwarded_positions"]
-    for key in ("loss", "grad_norm", "approx_kl", "clip_fraction", "ratio_mean", "n_loss_tokens"):
-        assert stats_on[key] == pytest.approx(stats_off[key], rel=1e-6, abs=1e-9), key
-    for (name, a), (_, b) in zip(on.model.named_parameters(), off.model.named_parameters(), strict=True):
+    _assert_same_step(on, off, stats_on, stats_off, samples)
+
+
+def _assert_same_step(
+    a: TorchPolicyTrainer, b: TorchPolicyTrainer, stats_a: dict, stats_b: dict, samples: list[TrainingSample]
+) -> None:
+    """The two trainers' steps gave the same statistics, adapters and (afterwards) trainer logprobs."""
+    for key in ("loss", "grad_norm", "approx_kl", "clip_fraction", "ratio_mean", "n_loss_tokens", "n_tokens"):
+        assert stats_a[key] == pytest.approx(stats_b[key], rel=1e-6, abs=1e-9), key
+    for (name, x), (_, y) in zip(a.model.named_parameters(), b.model.named_parameters(), strict=True):
         if "lora_" in name:
-            assert _relative(a, b) < 1e-6, name
+            assert _relative(x, y) < 1e-6, name
     # trainer_logprobs (used to measure the sampler/trainer mismatch) takes the same path
-    for a, b in zip(on.trainer_logprobs(samples), off.trainer_logprobs(samples), strict=True):
-        assert a == pytest.approx(b, rel=1e-6, abs=1e-9)
+    for x, y in zip(a.trainer_logprobs(samples), b.trainer_logprobs(samples), strict=True):
+        assert x == pytest.approx(y, rel=1e-6, abs=1e-9)
 
 
 def test_no_shared_prefix_when_it_is_too_short_or_reaches_a_trained_token() -> None:
@@ -149,10 +156,4 @@ def test_a_packed_train_step_equals_the_padded_one(micro_batch_tokens: int) -> N
     stats_packed, stats_padded = packed.train_step(samples), padded.train_step(samples)
     assert stats_packed["n_forwarded_positions"] < stats_padded["n_forwarded_positions"]
     assert stats_packed["n_padding_tokens"] < stats_padded["n_padding_tokens"]
-    for key in ("loss", "grad_norm", "approx_kl", "clip_fraction", "ratio_mean", "n_loss_tokens", "n_tokens"):
-        assert stats_packed[key] == pytest.approx(stats_padded[key], rel=1e-6, abs=1e-9), key
-    for (name, a), (_, b) in zip(packed.model.named_parameters(), padded.model.named_parameters(), strict=True):
-        if "lora_" in name:
-            assert _relative(a, b) < 1e-6, name
-    for a, b in zip(packed.trainer_logprobs(samples), padded.trainer_logprobs(samples), strict=True):
-        assert a == pytest.approx(b, rel=1e-6, abs=1e-9)
+    _assert_same_step(packed, padded, stats_packed, stats_padded, samples)
