@@ -575,21 +575,20 @@ class TorchPolicyTrainer:
             ]
         rows, width = input_ids.shape
         head = self._decoder(input_ids=input_ids[:1, :prefix_len], use_cache=True)
+        prefix_kv = cache_layers(output_cache(head))
         if "pack_rows" in tensors:
-            tail_BWH = self._packed_tails(tensors, prefix_len, cache_layers(output_cache(head)))
-            return torch.cat([head["last_hidden_state"].expand(rows, -1, -1), tail_BWH], dim=1)
-        shared = as_cache(
-            [(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in cache_layers(output_cache(head))]
-        )
-        positions = torch.arange(prefix_len, width, device=input_ids.device).unsqueeze(0).expand(rows, -1)
-        tail = self._decoder(
-            input_ids=input_ids[:, prefix_len:],
-            attention_mask=tensors["attention_mask"],
-            position_ids=positions,
-            use_cache=True,
-            **{self._cache_kwarg: shared},
-        )
-        return torch.cat([head["last_hidden_state"].expand(rows, -1, -1), tail["last_hidden_state"]], dim=1)
+            tail_BWH = self._packed_tails(tensors, prefix_len, prefix_kv)
+        else:
+            shared = as_cache([(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in prefix_kv])
+            positions = torch.arange(prefix_len, width, device=input_ids.device).unsqueeze(0).expand(rows, -1)
+            tail_BWH = self._decoder(
+                input_ids=input_ids[:, prefix_len:],
+                attention_mask=tensors["attention_mask"],
+                position_ids=positions,
+                use_cache=True,
+                **{self._cache_kwarg: shared},
+            )["last_hidden_state"]
+        return torch.cat([head["last_hidden_state"].expand(rows, -1, -1), tail_BWH], dim=1)
 
     def _packed_tails(
         self, tensors: dict[str, torch.Tensor], prefix_len: int, prefix_kv: list[tuple[torch.Tensor, torch.Tensor]]
