@@ -60,6 +60,16 @@ model once, sends one untimed warm-up request (4 tokens), then runs the levels i
   every row of the batch gets a token; keys/values, activations and compute are ignored, so it is an upper bound
   that large batches (compute-bound) do not approach. ``roofline_bf16_tokens_per_s`` counts the weights in bf16
   (what a CPU with native bf16 reads).
+* linear roofline: not an arm either; it counts compute. The model's matrices (random weights of its shapes: every
+  packed 2-D weight of ``model.safetensors`` and the output projection) packed once in the backend's compute dtype
+  with its own kernel pair (``torch.ops.mkldnn._reorder_linear_weight`` / ``_linear_pointwise``), and the median
+  time of ``--linear-repeats`` passes of ``r`` rows through all of them (``linear_step_ms``, at 1, 2, 4, ... up to
+  the highest level): ``linear_roofline_tokens_per_s`` at level ``c`` = ``c`` / that time, what a decode step of
+  ``c`` full rows would give if it did nothing but its matrix products. ``prefill_ms_per_token``: the same pass at
+  64 prompt ids without the output projection, per id. Gateway level lines add ``linear_floor_s``, the time the
+  level's own work needs in linears alone (its decode steps at their mean row count, interpolated, plus its
+  prefilled ids), ``linear_floor_tokens_per_s`` and ``linear_floor_share`` (floor / wall): the rest of the wall is
+  attention, sampling, scheduling, the gateway and rows not full.
 
 Latency, per request (medians; ``ttft_s`` also p90):
 
@@ -360,6 +370,115 @@ def weight_bytes(directory: Path) -> dict[str, Any]:
     }
 
 
+PREFILL_PROBE_ROWS = 64
+"""Prompt ids in one pass of the linear-floor probe's prefill figure (about one admission of a few calc questions)."""
+
+
+def _weight_shapes(directory: Path) -> tuple[list[tuple[int, int]], tuple[int, int] | None]:
+    """The (out, in) shapes of the matrices a decode step multiplies (the packed 2-D bf16 weights of
+    ``model.safetensors``, the input embedding left out) and the output projection's shape (the tied embedding's
+    when the embeddings are tied)."""
+    from agentbolt.inference import packed_linear
+
+    config = json.loads((directory / "config.json").read_text())
+    tied = bool(config.get("tie_word_embeddings", False))
+    shapes: list[tuple[int, int]] = []
+    head: tuple[int, int] | None = None
+    for path in sorted(directory.glob("*.safetensors")):
+        with path.open("rb") as f:
+            (header_len,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(header_len))
+        for name, info in header.items():
+            shape = info.get("shape", []) if name != "__metadata__" else []
+            if len(shape) != 2 or math.prod(shape) < packed_linear.MIN_PACKED_ELEMENTS:
+                continue
+            if name.endswith("lm_head.weight") or (tied and name.endswith("embed_tokens.weight")):
+                head = (int(shape[0]), int(shape[1]))
+            elif not name.endswith("embed_tokens.weight"):
+                shapes.append((int(shape[0]), int(shape[1])))
+    return shapes, head
+
+
+def measure_linear_floor(
+    directory: Path, threads: int, rows: list[int], prefill_rows: int, repeats: int
+) -> dict[str, Any]:
+    """The linear-layer floor of a step: time of one pass of ``r`` rows through every matrix of the model (random
+    weights of the model's shapes, packed once in ``packed_linear.compute_dtype()`` with the embedded backend's own
+    kernel pair, ``torch.ops.mkldnn._reorder_linear_weight`` then ``_linear_pointwise``), median of ``repeats``.
+
+    Returns ``linear_step_ms`` (rows -> ms of a decode step's linears, output projection included),
+    ``linear_roofline_tokens_per_s`` (rows -> rows / that time: a decode step's tokens/s if it did nothing but its
+    matrix products, so an upper bound that counts compute, unlike the bandwidth roofline) and
+    ``prefill_ms_per_token`` (the linears of ``prefill_rows`` prompt ids in one pass, output projection left out as
+    prefill runs it on the last position only, per id)."""
+    import torch
+
+    from agentbolt.inference import packed_linear
+
+    torch.set_num_threads(threads)
+    dtype = packed_linear.compute_dtype()
+    shapes, head = _weight_shapes(directory)
+    generator = torch.Generator().manual_seed(0)
+
+    def packed(shape: tuple[int, int]) -> Any:
+        weight = (torch.randn(shape, generator=generator) * 0.02).to(dtype)
+        return torch.ops.mkldnn._reorder_linear_weight(weight, packed_linear.BATCH_HINT)
+
+    body = [(shape[1], packed(shape)) for shape in shapes]
+    head_packed = None if head is None else (head[1], packed(head))
+
+    def step(n: int, with_head: bool) -> float:
+        matrices = body + ([head_packed] if with_head and head_packed else [])
+        inputs = {width: torch.randn((n, width), generator=generator).to(dtype) for width, _ in matrices}
+        passes: list[float] = []
+        for _ in range(repeats + 1):  # the first pass warms the kernels for this row count
+            started = time.perf_counter()
+            for width, weight in matrices:
+                torch.ops.mkldnn._linear_pointwise(inputs[width], weight, None, "none", [], "")
+            passes.append(time.perf_counter() - started)
+        return statistics.median(passes[1:])
+
+    step_ms = {str(n): round(1000 * step(n, True), 2) for n in rows}
+    prefill_ms = 1000 * step(prefill_rows, False) / prefill_rows
+    return {
+        "linear_dtype": str(dtype).removeprefix("torch."),
+        "linear_matrices": len(shapes) + (head is not None),
+        "linear_step_ms": step_ms,
+        "linear_roofline_tokens_per_s": {n: round(int(n) / ms * 1000, 1) for n, ms in step_ms.items()},
+        "prefill_rows": prefill_rows,
+        "prefill_ms_per_token": round(prefill_ms, 3),
+    }
+
+
+def linear_floor_fields(roof: dict[str, Any], line: dict[str, Any], delta: dict[str, float]) -> dict[str, Any]:
+    """A gateway level's ``linear_floor_s`` (:func:`linear_floor_s` of its decode steps and prefilled ids),
+    ``linear_floor_tokens_per_s`` (its generated tokens over that) and ``linear_floor_share`` (that over its wall
+    time: the part of the level that was matrix products at the probe's speed)."""
+    floor = linear_floor_s(roof, int(delta["decode_rows"]), int(delta["decode_steps"]), int(delta["prefill_tokens"]))
+    if not floor:
+        return {"linear_floor_s": None, "linear_floor_tokens_per_s": None, "linear_floor_share": None}
+    return {
+        "linear_floor_s": round(floor, 3),
+        "linear_floor_tokens_per_s": round(line["generated_tokens"] / floor, 1),
+        "linear_floor_share": round(floor / line["wall_s"], 3) if line["wall_s"] else None,
+    }
+
+
+def linear_floor_s(roof: dict[str, Any], decode_rows: int, decode_steps: int, prefill_tokens: int) -> float | None:
+    """Seconds the linears alone need for a level's work: ``decode_steps`` steps of ``decode_rows / decode_steps``
+    rows each (the step time interpolated linearly between the measured row counts) plus ``prefill_tokens`` ids at
+    the measured per-id prefill cost; ``None`` without decode steps."""
+    if not decode_steps:
+        return None
+    points = sorted((int(n), ms) for n, ms in roof["linear_step_ms"].items())
+    mean_rows = decode_rows / decode_steps
+    below = [p for p in points if p[0] <= mean_rows] or points[:1]
+    above = [p for p in points if p[0] >= mean_rows] or points[-1:]
+    (n0, t0), (n1, t1) = below[-1], above[0]
+    step_ms = t0 if n1 == n0 else t0 + (t1 - t0) * (mean_rows - n0) / (n1 - n0)
+    return (decode_steps * step_ms + prefill_tokens * roof["prefill_ms_per_token"]) / 1000
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # gateway arms
 
@@ -618,7 +737,12 @@ class ClientProcess:
 
 
 async def run_gateway_arm(
-    arm: str, args: argparse.Namespace, directory: Path, questions: list[str], emit: Callable[[dict[str, Any]], None]
+    arm: str,
+    args: argparse.Namespace,
+    directory: Path,
+    questions: list[str],
+    emit: Callable[[dict[str, Any]], None],
+    roof: dict[str, Any],
 ) -> None:
     import torch
     from openai import AsyncOpenAI
@@ -701,6 +825,7 @@ async def run_gateway_arm(
                     backend_prefill_s=round(delta["prefill_s"], 3),
                     backend_decode_s=round(delta["decode_s"], 3),
                     backend_prefill_tokens=delta["prefill_tokens"],
+                    **linear_floor_fields(roof, line, delta),
                     decode_step_ms=round(1000 * delta["decode_s"] / delta["decode_steps"], 1)
                     if delta["decode_steps"]
                     else None,
@@ -1036,6 +1161,8 @@ def summary_lines(args: argparse.Namespace, lines: list[dict[str, Any]], roof: d
                 continue
             line[f"{arm}_tokens_per_s"] = tps
             line[f"{arm}_over_roofline"] = round(tps / roofline, 3) if roofline else None
+            linear = roof["linear_roofline_tokens_per_s"].get(str(c))
+            line[f"{arm}_over_linear_roofline"] = round(tps / linear, 3) if linear else None
             if arm != "llamacpp":
                 line[f"{arm}_over_llamacpp"] = round(tps / llama, 3) if llama else None
         cont = levels.get(("gateway-continuous", c), {}).get("tokens_per_s")
@@ -1079,6 +1206,16 @@ def print_table(args: argparse.Namespace, lines: list[dict[str, Any]], roof: dic
         )
     for c in args.levels:
         print(f"{'roofline':<22}{c:>4}{'':>43}{roof_tps[str(c)]:>9.1f}")
+    for c in args.levels:
+        linear = roof["linear_roofline_tokens_per_s"][str(c)]
+        print(f"{'linear roofline':<22}{c:>4}{'':>43}{linear:>9.1f}")
+    print(f"prefill linears: {roof['prefill_ms_per_token']} ms a prompt id ({roof['prefill_rows']} ids a pass)")
+    for line in lines:
+        if line.get("kind") == "level" and line.get("linear_floor_tokens_per_s"):
+            print(
+                f"{line['arm']} c={line['concurrency']}: linears alone at the probe's speed {line['linear_floor_s']} s "
+                f"({line['linear_floor_share']:.0%} of the wall), {line['linear_floor_tokens_per_s']} tok/s"
+            )
     for line in lines:
         if line.get("kind") == "skipped":
             print(f"skipped {line['arm']}: {line['reason']}")
@@ -1122,6 +1259,7 @@ def main() -> None:
     )
     parser.add_argument("--bandwidth-gib", type=float, default=1.0, help="size of the bandwidth probe's tensor")
     parser.add_argument("--bandwidth-repeats", type=int, default=7)
+    parser.add_argument("--linear-repeats", type=int, default=5, help="passes per row count of the linear-floor probe")
     parser.add_argument("--timeout-s", type=float, default=3600, help="per gateway request")
     parser.add_argument(
         "--quick",
@@ -1171,13 +1309,16 @@ def main() -> None:
     served, stored = roof["served_weight_bytes_per_step"], roof["weight_bytes_per_step"]
     roof["roofline_tokens_per_s"] = {str(c): round(roof["read_gb_s"] * 1e9 / served * c, 1) for c in args.levels}
     roof["roofline_bf16_tokens_per_s"] = {str(c): round(roof["read_gb_s"] * 1e9 / stored * c, 1) for c in args.levels}
+    top = max(args.levels)
+    rows = sorted({n for n in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64) if n <= top} | set(args.levels))
+    roof.update(measure_linear_floor(directory, args.threads, rows, PREFILL_PROBE_ROWS, args.linear_repeats))
     emit(roof)
 
     for arm in args.arm_list:
         started = time.monotonic()
         try:
             if arm in GATEWAY_ARMS:
-                asyncio.run(run_gateway_arm(arm, args, directory, questions, emit))
+                asyncio.run(run_gateway_arm(arm, args, directory, questions, emit, roof))
             elif arm == "transformers-generate":
                 run_transformers_arm(args, directory, questions, emit)
             else:

@@ -1,0 +1,53 @@
+"""The linear roofline of benchmarks/generation.py: the probe on a real model's shapes (SmolLM2-135M) and the floor
+of a level's work, interpolated by hand."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    sys.path.insert(0, str(BENCHMARKS))  # generation.py imports machine_info from its own folder
+    try:
+        spec = importlib.util.spec_from_file_location("generation_benchmark_under_test", BENCHMARKS / "generation.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return module
+
+
+def test_linear_floor_interpolates_the_step_time_and_adds_prefill(bench: ModuleType) -> None:
+    roof = {"linear_step_ms": {"1": 40.0, "4": 44.0, "8": 52.0, "16": 64.0}, "prefill_ms_per_token": 2.0}
+    # 10 steps of 6 rows: halfway between 4 (44 ms) and 8 (52 ms) = 48 ms; 100 prefilled ids at 2 ms
+    assert bench.linear_floor_s(roof, decode_rows=60, decode_steps=10, prefill_tokens=100) == pytest.approx(0.68)
+    # outside the measured rows: the nearest measured count (no extrapolation)
+    assert bench.linear_floor_s(roof, decode_rows=64, decode_steps=2, prefill_tokens=0) == pytest.approx(0.128)
+    assert bench.linear_floor_s(roof, decode_rows=0, decode_steps=0, prefill_tokens=5) is None
+    fields = bench.linear_floor_fields(
+        roof, {"generated_tokens": 136, "wall_s": 1.7}, {"decode_rows": 60, "decode_steps": 10, "prefill_tokens": 100}
+    )
+    assert fields == {"linear_floor_s": 0.68, "linear_floor_tokens_per_s": 200.0, "linear_floor_share": 0.4}
+
+
+def test_linear_probe_covers_every_matrix_of_the_model(bench: ModuleType, smollm2_dir: Path) -> None:
+    shapes, head = bench._weight_shapes(smollm2_dir)
+    # SmolLM2-135M: 30 layers of q, k, v, o, gate, up, down; the tied 49,152 x 576 embedding is the output projection
+    assert len(shapes) == 30 * 7 and head == (49152, 576)
+    assert (576, 576) in shapes and (1536, 576) in shapes and (576, 1536) in shapes
+    probe = bench.measure_linear_floor(smollm2_dir, threads=1, rows=[1, 4], prefill_rows=8, repeats=1)
+    assert probe["linear_matrices"] == 30 * 7 + 1
+    assert set(probe["linear_step_ms"]) == {"1", "4"} and all(ms > 0 for ms in probe["linear_step_ms"].values())
+    for rows, tokens_per_s in probe["linear_roofline_tokens_per_s"].items():
+        assert tokens_per_s == pytest.approx(int(rows) / probe["linear_step_ms"][rows] * 1000, rel=1e-2)
+    assert probe["prefill_ms_per_token"] > 0
