@@ -18,8 +18,10 @@ One ``train_step``:
 
 Token logprobs never materialize the full ``(B, T, V)`` float32 log-softmax: the decoder's last hidden states are
 gathered at the trained positions only, and ``lm_head`` + ``logsumexp`` run over chunks of ``logprob_chunk_tokens``
-positions under activation checkpointing, so at most one ``(chunk, V)`` float32 block (V = 151,936 for Qwen2.5) is
-alive at a time, in the forward and in the backward. This assumes the causal-LM head is ``lm_head(decoder(x))``
+positions, so at most one ``(chunk, V)`` float32 block (V = 151,936 for Qwen2.5) is alive at a time, in the forward
+and in the backward: with a frozen head (a LoRA policy's) through :mod:`~agentbolt.algorithms.rl.head_logprobs`,
+whose backward recomputes a chunk's logits and writes the log-softmax gradient in place; with a trainable head under
+activation checkpointing. This assumes the causal-LM head is ``lm_head(decoder(x))``
 (Llama, Qwen2/3, Mistral, SmolLM, ...); models that soft-cap or scale their final logits are refused.
 
 Devices: the trainer runs where the model's trainable parameters are (``cpu``, ``cuda`` or ``cuda:N``): move the
@@ -53,6 +55,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from agentbolt.adapter.samples import PackedMicroBatch, TrainingSample, plan_micro_batches, plan_packed_micro_batches
+from agentbolt.algorithms.rl.head_logprobs import head_logprobs
 from agentbolt.algorithms.rl.losses import ppo_clip_loss, rollout_mean_weights
 from agentbolt.algorithms.rl.trainer_config import TorchTrainerConfig
 from agentbolt.errors import ConfigError
@@ -157,6 +160,8 @@ class TorchPolicyTrainer:
         if not isinstance(head, torch.nn.Module):
             raise ConfigError(f"{type(base).__name__} has no output embedding (lm_head) module")
         self._lm_head: torch.nn.Module = head
+        # a frozen head (LoRA leaves it alone) takes the fused log-softmax backward of head_logprobs.py
+        self._frozen_head = not any(p.requires_grad for p in head.parameters())
         # On a CPU, LoRA layers run as one autograd function in the CPU's fast matmul dtype (float32 where bf16 is
         # emulated): inference/lora_matmul.py. Idempotent; the served copy of the model gets the same forward.
         packed_linear.install(model)
@@ -664,6 +669,9 @@ class TorchPolicyTrainer:
         rows = torch.arange(input_ids.shape[0], device=input_ids.device).unsqueeze(1).expand_as(predicted)
         inverse_temperatures_N = tensors["inverse_temperatures"][rows[predicted]]  # (N,)
         chunk = self.config.logprob_chunk_tokens
+        if self._frozen_head:
+            logprobs_N = head_logprobs(hidden_NH, targets_N, inverse_temperatures_N, self._lm_head, chunk)
+            return out.masked_scatter(predicted, logprobs_N), value_out
         pieces: list[torch.Tensor] = []
         for lo in range(0, targets_N.shape[0], chunk):
             args = (hidden_NH[lo : lo + chunk], targets_N[lo : lo + chunk], inverse_temperatures_N[lo : lo + chunk])
