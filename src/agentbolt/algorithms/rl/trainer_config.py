@@ -62,7 +62,8 @@ class TorchTrainerConfig(BaseModel):
             of compute). Non-reentrant ``torch.utils.checkpoint`` on every decoder layer (transformers'
             ``activation_checkpointing_enable``, ``gradient_checkpointing_enable`` before 5.x); the loss and the
             LoRA gradients are the same as without it (tested to 1e-6 in float32). The ``lm_head`` + log-softmax
-            chunks are always checkpointed, whatever this says.
+            chunks are always recomputed in the backward, whatever this says (a frozen head's by
+            :mod:`~agentbolt.algorithms.rl.head_logprobs`, a trainable one's under checkpointing).
         shared_prefix_min_tokens: when every sample of a step starts with the same ids for at least this many
             tokens before its first trained token (the calc agent's system prompt and tools: ~250 tokens), that
             prefix is forwarded once per micro-batch (batch 1) and its keys and values are shared by every row,
