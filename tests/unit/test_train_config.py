@@ -20,7 +20,7 @@ CALC_CONFIG = REPO / "examples" / "calc_agent" / "config.yaml"
 def test_the_calc_config_loads_and_overrides_apply() -> None:
     config = load_train_config(CALC_CONFIG)
     assert config.model == "qwen2.5-0.5b" and config.agent == "examples.calc_agent.agent:calc_agent"
-    assert config.grpo.advantage_estimator == "grpo" and config.grpo.async_rollouts == 0
+    assert config.grpo.advantage_estimator == "grpo_no_std" and config.grpo.async_rollouts == 0  # as agentbolt demo
     assert config.torch_trainer.loss_aggregation == "token_mean" and config.torch_trainer.kl_coef == 0.0
     assert config.trainer_settings.learning_rate == config.learning_rate == 2e-4
 
