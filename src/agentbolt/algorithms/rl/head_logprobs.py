@@ -74,7 +74,7 @@ class HeadLogprobs(torch.autograd.Function):
                 h = hidden_NH[lo:hi].detach().requires_grad_(True)
                 logits = head(h)
             g = g_N[lo:hi].unsqueeze(1)  # (n, 1)
-            scores = logits.detach().float()
+            scores = logits.detach().to(torch.float32, copy=True)  # a float32 head's logits stay untouched
             if ctx.tempered:
                 scores.mul_(inverse_temperatures_N[lo:hi].unsqueeze(1))
             # logsumexp's backward: grad * exp(s - lse) with grad = -g; then the gather's g at the target
