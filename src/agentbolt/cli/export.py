@@ -294,7 +294,7 @@ async def run_export(config: ExportConfig, *, token: str | None = None, console:
     if console is not None:
         unit = "samples" if config.kind == "rl" else "conversations"
         console.print(f"wrote {len(rows)} {config.kind} {unit} from {len(finished)} finished rollouts to {config.out}")
-        console.print(f"left out: {why}")
+        console.print(f"left out: {why}" if skipped else "nothing left out")
         if config.kind == "sft" and config.min_reward is None:
             console.print(_sft_filter_hint(finished, config.mode is not None), markup=False, highlight=False)
         if config.kind == "rl":

@@ -59,7 +59,11 @@ def checkpoint_split_sets(config: TrainConfig, split: str) -> dict[str, list[dic
             sets = {str(name): check_tasks(tasks, f"{config.tasks} set {name!r}") for name, tasks in found.items()}
     elif split == "test":
         if not callable(getattr(module, "load_test_tasks", None)):
-            raise ConfigError(f"tasks module {config.tasks!r} has no load_test_tasks(); use --split val")
+            raise ConfigError(
+                f"--split test needs test tasks: {config.tasks!r} has no load_test_tasks() (a tasks file has only the "
+                "train and val splits; put the tasks in a Python module with load_test_tasks() for a test split), "
+                "or use --split val"
+            )
         sets = {"test": list(module.load_test_tasks())}
     else:
         raise ConfigError(f"split must be val or test, got {split!r}")

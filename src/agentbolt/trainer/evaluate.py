@@ -60,7 +60,11 @@ def split_tasks(config: PromptOptConfig, split: str) -> list[dict[str, Any]]:
         tasks = list(next(iter(module.load_val_sets(n_per_set=config.val_size).values()), []))
     else:
         if not callable(getattr(module, "load_test_tasks", None)):
-            raise ConfigError(f"tasks module {config.tasks!r} has no load_test_tasks(); evaluate --split val")
+            raise ConfigError(
+                f"the test split needs test tasks: {config.tasks!r} has no load_test_tasks() (a tasks file has only "
+                "the train and val splits; put the tasks in a Python module with load_test_tasks() for a test "
+                "split), or evaluate --split val"
+            )
         tasks = list(module.load_test_tasks())
     if not tasks:
         raise ConfigError(f"{config.tasks} gave no {split} tasks")

@@ -515,8 +515,8 @@ async def _write_stopped_summary(
         logger.warning("could not write the summary of the stopped run: %r", exc)
         return
     console.print(
-        f"stopped after {len(job['steps'])} finished steps; {len(cancelled)} unfinished rollouts cancelled; wrote "
-        f"{config.out_dir / 'summary.json'}"
+        f"stopped after {_count(len(job['steps']), 'finished step')}; {_count(len(cancelled), 'unfinished rollout')} "
+        f"cancelled; wrote {config.out_dir / 'summary.json'}"
     )
 
 
@@ -577,3 +577,8 @@ def _checkpoint_rows(out_dir: Path) -> list[dict[str, Any]]:
         {"step": info.step, "path": str(info.path), "val_accuracy": info.val_accuracy}
         for info in list_checkpoints(out_dir)
     ]
+
+
+def _count(n: int, noun: str) -> str:
+    """``"1 finished step"``, ``"3 finished steps"``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

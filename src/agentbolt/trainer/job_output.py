@@ -76,6 +76,24 @@ def _print_next_steps(console: Console, config: TrainConfig, summary: dict[str, 
     console.print(f"  {cli} serve --store {shlex.quote(str(out / 'store.db'))}   # dashboard of this run")
 
 
+def no_learning_warning(before: dict[str, float], after: dict[str, float], store: str) -> str | None:
+    """A warning when validation accuracy did not rise: the mean over the sets scored both before and after
+    (unit: fraction correct) is not higher after training; ``None`` when it rose or a side is missing."""
+    common = [name for name in before if name in after]
+    if not common:
+        return None
+    mean_before = sum(before[name] for name in common) / len(common)
+    mean_after = sum(after[name] for name in common) / len(common)
+    if mean_after > mean_before:
+        return None
+    return (
+        f"warning: validation accuracy did not rise (mean over {len(common)} sets {mean_before:.1%} -> "
+        f"{mean_after:.1%}): this run did not learn. Short GRPO runs vary from run to run; look at the last step's "
+        f"rollouts ({agentbolt_command()} rollouts --store {store}, then inspect one) for what the policy settled "
+        "on, and run again with another --seed, more steps or a reward that ranks that behaviour lower."
+    )
+
+
 def print_summary(console: Console, summary: dict[str, Any]) -> None:
     """The validation accuracy table, the reward per step and totals, skipped updates and failed rollouts."""
     table = Table(title="validation accuracy")
@@ -91,6 +109,9 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
         )
     if before or after:
         console.print(table)
+    warning = no_learning_warning(before, after, summary.get("store", "OUT/store.db"))
+    if warning is not None:
+        console.print(warning, style="bold yellow", markup=False, highlight=False)
     console.print(
         f"train reward per step: {[None if r is None else round(r, 3) for r in summary['train_reward']]}  "
         f"rollouts in the store: {summary['n_rollouts']}  "  # a resumed run's store holds the stopped run's too
