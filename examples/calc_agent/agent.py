@@ -16,19 +16,16 @@ Protocol of one rollout (:func:`run_episode`):
 
 Reward (:func:`compute_reward`, weights in ``REWARD_WEIGHTS``), each component emitted as a named reward:
     * ``format_call`` 0.1: at least one well-formed call (name ``calculator``, JSON arguments with a string
-      ``expression``), in a rollout the model ended itself with a reply (not one whose call budget ran out);
-    * ``tool_ok`` 0.1: at least one call returned a value (not an error), under the same condition;
+      ``expression``);
+    * ``tool_ok`` 0.1: at least one call returned a value (not an error);
     * ``answer_line`` 0.25: after at least one successful tool result, the model itself (not the forced turn)
       ended with an ``Answer:`` line holding a number or a choice letter. A bonus for any ``Answer:`` line made
       guessing without the tool a local optimum: the first demo run collapsed onto it within two steps;
     * ``correct`` 1.0: the answer is right (:func:`tasks.is_correct`). Its mean over a set is the accuracy.
     The returned final reward is their sum. The partial credits are binary, not per call, so repeating a call
-    earns nothing more; the best wrong rollout (0.45) is below the worst right one (1.0); after a tool result,
-    replying without an answer (0.2) is below answering (>= 0.45); a wrong guess without the tool (0) is below any
-    rollout that used the tool and then replied. A loop that spends the call budget without replying earns 0, as
-    no call does: when it earned the format credits (0.2, until 2026-12-04), a first step in which no rollout
-    answered made the loop the best rollout of its group, GRPO reinforced it, and every rollout looped from then on
-    (4 of 14 demo runs of 2026-12-03/04 learned nothing that way, seen in their stores).
+    earns nothing more; the best wrong rollout (0.45) is below the worst right one (1.0); after a tool result, a
+    loop without an answer (0.2) is below answering on its own (>= 0.45); a wrong guess without the tool (0) is
+    below any rollout that used the tool.
 
 This module is agent-side: it imports ``openai`` and ``agentbolt``'s client API, never torch, transformers or the
 server.
@@ -148,7 +145,6 @@ class EpisodeFacts:
         answered: the final reply has an ``Answer:`` line holding a number or a choice letter.
         forced_answer: the final reply came from the extra turn without tools (budget spent).
         correct: the answer matches the gold.
-        looped: the call budget ran out before the model replied on its own (a forced answer may follow).
     """
 
     tool_calls: int = 0
@@ -157,7 +153,6 @@ class EpisodeFacts:
     answered: bool = False
     forced_answer: bool = False
     correct: bool = False
-    looped: bool = False
 
 
 @dataclass
@@ -220,14 +215,12 @@ def compute_reward(facts: EpisodeFacts) -> dict[str, float]:
 
     Returns:
         ``{"format_call", "tool_ok", "answer_line", "correct"}`` -> value, each either 0.0 or its
-        ``REWARD_WEIGHTS`` value. ``format_call`` and ``tool_ok`` need a rollout that did not loop until its call
-        budget ran out; ``answer_line`` needs an answer the model gave on its own (not forced) after at least one
-        successful tool result.
+        ``REWARD_WEIGHTS`` value. ``answer_line`` needs an answer the model gave on its own (not forced)
+        after at least one successful tool result.
     """
     earned = {
-        # a loop to the budget earns no format credit: otherwise it outranks no call and GRPO reinforces it
-        "format_call": facts.well_formed_calls > 0 and not facts.looped,
-        "tool_ok": facts.tool_ok_calls > 0 and not facts.looped,
+        "format_call": facts.well_formed_calls > 0,
+        "tool_ok": facts.tool_ok_calls > 0,
         # Only an answer given after a tool result earns the format bonus: a bonus for any Answer: line makes
         # guessing without the tool a local optimum (measured: the first demo run collapsed onto it in 2 steps).
         "answer_line": facts.answered and not facts.forced_answer and facts.tool_ok_calls > 0,
@@ -291,7 +284,6 @@ def run_episode(
                 facts.tool_ok_calls += outcome.ok
                 result = config.tool_result_format.format(result=outcome.result) if outcome.ok else outcome.result
             messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
-    facts.looped = not finished
     if not finished and config.final_answer_turn:
         messages.append({"role": "user", "content": FINAL_ANSWER_PROMPT.format(calls=facts.tool_calls)})
         message = create(model=model, messages=messages, **sampling).choices[0].message

@@ -267,16 +267,10 @@ def test_run_tool_call_outcomes() -> None:
         (EpisodeFacts(1, 1, 1, answered=True, correct=True), [0.1, 0.1, 0.25, 1.0], 1.45),
         # one good call, wrong answer: 0.1 + 0.1 + 0.25
         (EpisodeFacts(1, 1, 1, answered=True), [0.1, 0.1, 0.25, 0.0], 0.45),
-        # two good calls, then a reply without an Answer: line: binary credits, so 0.1 + 0.1 and no more
-        (EpisodeFacts(2, 2, 2), [0.1, 0.1, 0.0, 0.0], 0.2),
-        # three good calls until the budget ran out (the baseline loop): no credit at all, as no call
-        (EpisodeFacts(3, 3, 3, looped=True), [0.0, 0.0, 0.0, 0.0], 0.0),
-        # the same loop, then a right answer in the forced turn: correct only
-        (
-            EpisodeFacts(3, 3, 3, answered=True, forced_answer=True, correct=True, looped=True),
-            [0.0, 0.0, 0.0, 1.0],
-            1.0,
-        ),
+        # three good calls (the baseline loop), no answer: binary credits, so 0.1 + 0.1 and no more
+        (EpisodeFacts(3, 3, 3), [0.1, 0.1, 0.0, 0.0], 0.2),
+        # the same loop, then a right answer in the forced turn: no answer_line credit
+        (EpisodeFacts(3, 3, 3, answered=True, forced_answer=True, correct=True), [0.1, 0.1, 0.0, 1.0], 1.2),
         # malformed call (wrong name / bad JSON), no answer
         (EpisodeFacts(1, 0, 0), [0.0, 0.0, 0.0, 0.0], 0.0),
         # malformed call, then a wrong answer: no tool result, so no answer_line credit
@@ -294,24 +288,18 @@ def test_compute_reward(facts: EpisodeFacts, expected: list[float], total: float
 
 def test_reward_orderings_hold_for_every_combination() -> None:
     """Right beats wrong always; after a tool result, answering on its own beats not answering or a forced answer;
-    a wrong guess without the tool earns less than using the tool and replying (so guessing is not a local
-    optimum); a loop to the call budget earns nothing more than no call (so looping is not one either)."""
-    right, wrong, own_after_tool, not_own_after_tool, wrong_guess, tool_used, loops = [], [], [], [], [], [], []
-    for wf, ok, answered, forced, correct, looped in itertools.product(
-        [0, 1], [0, 1], [False, True], [False, True], [False, True], [False, True]
+    a wrong guess without the tool earns less than using the tool (so guessing is not a local optimum)."""
+    right, wrong, own_after_tool, not_own_after_tool, wrong_guess, tool_used = [], [], [], [], [], []
+    for wf, ok, answered, forced, correct in itertools.product(
+        [0, 1], [0, 1], [False, True], [False, True], [False, True]
     ):
-        if (ok and not wf) or (correct and not answered) or (forced != (looped and answered)):
-            continue  # a forced answer comes exactly when a loop is followed by an answer in the extra turn
-        facts = EpisodeFacts(
-            max(wf, 1), wf, ok, answered=answered, forced_answer=forced, correct=correct, looped=looped
-        )
+        if (ok and not wf) or (correct and not answered):
+            continue
+        facts = EpisodeFacts(max(wf, 1), wf, ok, answered=answered, forced_answer=forced, correct=correct)
         total = sum(compute_reward(facts).values())
         (right if correct else wrong).append(total)
-        if looped and not correct:
-            loops.append(total)
-        if ok and not looped:
-            tool_used.append(total)
         if ok:
+            tool_used.append(total)
             if answered and not forced:
                 own_after_tool.append((correct, total))
             elif not answered or forced:
@@ -324,7 +312,6 @@ def test_reward_orderings_hold_for_every_combination() -> None:
         other = [t for c, t in not_own_after_tool if c == correct]
         assert own and other and min(own) > max(other)
     assert max(wrong_guess) < min(tool_used)
-    assert max(loops) == 0.0
 
 
 # --- the loop, against a scripted model ------------------------------------------------------------------------------
@@ -402,9 +389,9 @@ def test_episode_loop_then_forced_answer() -> None:
     assert "tools" not in final_request
     assert final_request["messages"][-1]["role"] == "user"
     assert "used the calculator 3 times" in final_request["messages"][-1]["content"]
-    assert episode.facts == EpisodeFacts(3, 3, 3, answered=True, forced_answer=True, correct=True, looped=True)
+    assert episode.facts == EpisodeFacts(3, 3, 3, answered=True, forced_answer=True, correct=True)
     assert compute_reward(episode.facts)["answer_line"] == 0.0
-    assert sum(compute_reward(episode.facts).values()) == pytest.approx(1.0)
+    assert sum(compute_reward(episode.facts).values()) == pytest.approx(1.2)
 
 
 def test_episode_loop_without_final_turn_never_answers() -> None:
@@ -413,8 +400,8 @@ def test_episode_loop_without_final_turn_never_answers() -> None:
     episode = run_episode(model, _task("30"), model="m", config=config)
     assert len(model.requests) == 3
     assert episode.final_text is None and episode.answer_text is None
-    assert episode.facts == EpisodeFacts(3, 3, 3, looped=True)
-    assert sum(compute_reward(episode.facts).values()) == pytest.approx(0.0)
+    assert episode.facts == EpisodeFacts(3, 3, 3)
+    assert sum(compute_reward(episode.facts).values()) == pytest.approx(0.2)
 
 
 def test_episode_malformed_calls_get_error_results() -> None:
@@ -442,7 +429,7 @@ def test_episode_calls_beyond_budget_are_not_executed() -> None:
     tool_messages = [m for m in episode.messages if m["role"] == "tool"]
     assert tool_messages[0]["content"] == TOOL_RESULT_FORMAT.format(result="2")
     assert tool_messages[1]["content"].startswith("Error: no calculator calls left")
-    assert episode.facts == EpisodeFacts(1, 1, 1, answered=True, forced_answer=True, correct=True, looped=True)
+    assert episode.facts == EpisodeFacts(1, 1, 1, answered=True, forced_answer=True, correct=True)
     assert "tools" not in model.requests[1]
 
 
@@ -450,7 +437,7 @@ def test_forced_turn_that_still_calls_the_tool_is_no_answer() -> None:
     replies = [_completion(None, [_call("1+1")])] * 3 + [_completion(None, [_call("1+1")])]
     config = CalcAgentConfig(final_answer_turn=True)
     episode = run_episode(ScriptedModel(replies), _task("2"), model="m", config=config)
-    assert episode.facts == EpisodeFacts(3, 3, 3, forced_answer=True, looped=True)
+    assert episode.facts == EpisodeFacts(3, 3, 3, forced_answer=True)
 
 
 def test_sampling_kwargs() -> None:
