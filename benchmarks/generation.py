@@ -333,6 +333,19 @@ def measure_bandwidth(threads: int, gib: float, repeats: int) -> dict[str, Any]:
     }
 
 
+def _tensor_headers(directory: Path) -> tuple[bool, list[tuple[str, dict[str, Any]]]]:
+    """Whether the model ties its embeddings (``config.json``), and ``(name, header entry)`` of every tensor in the
+    safetensors headers of ``directory`` (dtype, shape, data_offsets), files in name order."""
+    config = json.loads((directory / "config.json").read_text())
+    tensors: list[tuple[str, dict[str, Any]]] = []
+    for path in sorted(directory.glob("*.safetensors")):
+        with path.open("rb") as f:
+            (header_len,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(header_len))
+        tensors += [(name, info) for name, info in header.items() if name != "__metadata__"]
+    return bool(config.get("tie_word_embeddings", False)), tensors
+
+
 def weight_bytes(directory: Path) -> dict[str, Any]:
     """Bytes of weights one decode step reads, from the safetensors headers of ``directory``: as stored, and as the
     embedded backend serves them (packed matrices in ``packed_linear.compute_dtype()``)."""
@@ -341,26 +354,19 @@ def weight_bytes(directory: Path) -> dict[str, Any]:
     from agentbolt.inference import packed_linear
 
     served_itemsize = torch.empty((), dtype=packed_linear.compute_dtype()).element_size()
-    config = json.loads((directory / "config.json").read_text())
-    tied = bool(config.get("tie_word_embeddings", False))
+    tied, tensors = _tensor_headers(directory)
     total = served = 0
     input_embedding = served_input_embedding = 0
-    for path in sorted(directory.glob("*.safetensors")):
-        with path.open("rb") as f:
-            (header_len,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(header_len))
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            size = info["data_offsets"][1] - info["data_offsets"][0]
-            numel = math.prod(info["shape"])
-            packed = info["dtype"] == "BF16" and len(info["shape"]) == 2 and numel >= packed_linear.MIN_PACKED_ELEMENTS
-            served_size = numel * served_itemsize if packed else size
-            total += size
-            served += served_size
-            if name.endswith("embed_tokens.weight"):
-                input_embedding += size
-                served_input_embedding += served_size
+    for name, info in tensors:
+        size = info["data_offsets"][1] - info["data_offsets"][0]
+        numel = math.prod(info["shape"])
+        packed = info["dtype"] == "BF16" and len(info["shape"]) == 2 and numel >= packed_linear.MIN_PACKED_ELEMENTS
+        served_size = numel * served_itemsize if packed else size
+        total += size
+        served += served_size
+        if name.endswith("embed_tokens.weight"):
+            input_embedding += size
+            served_input_embedding += served_size
     return {
         "weight_bytes_total": total,
         "weight_bytes_per_step": total if tied else total - input_embedding,
@@ -380,22 +386,17 @@ def _weight_shapes(directory: Path) -> tuple[list[tuple[int, int]], tuple[int, i
     when the embeddings are tied)."""
     from agentbolt.inference import packed_linear
 
-    config = json.loads((directory / "config.json").read_text())
-    tied = bool(config.get("tie_word_embeddings", False))
+    tied, tensors = _tensor_headers(directory)
     shapes: list[tuple[int, int]] = []
     head: tuple[int, int] | None = None
-    for path in sorted(directory.glob("*.safetensors")):
-        with path.open("rb") as f:
-            (header_len,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(header_len))
-        for name, info in header.items():
-            shape = info.get("shape", []) if name != "__metadata__" else []
-            if len(shape) != 2 or math.prod(shape) < packed_linear.MIN_PACKED_ELEMENTS:
-                continue
-            if name.endswith("lm_head.weight") or (tied and name.endswith("embed_tokens.weight")):
-                head = (int(shape[0]), int(shape[1]))
-            elif not name.endswith("embed_tokens.weight"):
-                shapes.append((int(shape[0]), int(shape[1])))
+    for name, info in tensors:
+        shape = info["shape"]
+        if len(shape) != 2 or math.prod(shape) < packed_linear.MIN_PACKED_ELEMENTS:
+            continue
+        if name.endswith("lm_head.weight") or (tied and name.endswith("embed_tokens.weight")):
+            head = (int(shape[0]), int(shape[1]))
+        elif not name.endswith("embed_tokens.weight"):
+            shapes.append((int(shape[0]), int(shape[1])))
     return shapes, head
 
 

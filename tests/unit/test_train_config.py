@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from agentbolt.cli.main import app
 from agentbolt.errors import ConfigError
-from agentbolt.trainer.job_config import TrainConfig, load_train_config
+from agentbolt.trainer.job_config import TrainConfig, load_tasks_module, load_test_tasks, load_train_config
 
 REPO = Path(__file__).resolve().parents[2]
 CALC_CONFIG = REPO / "examples" / "calc_agent" / "config.yaml"
@@ -181,3 +181,16 @@ def test_validation_bars_say_their_value_even_at_zero(tmp_path: Path, monkeypatc
     texts = [t.get_text() for t in bars.texts]
     assert sorted(texts) == sorted(["0%", "50%", "12.5%", "100%", "0%", "", "n/a"])
     figure.clf()
+
+
+def test_a_tasks_file_has_no_test_split_and_says_what_to_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.jsonl").write_text('{"question": "1+1", "answer": "2"}\n')
+    tasks = load_tasks_module("mine.jsonl")
+    with pytest.raises(
+        ConfigError, match=r"'mine.jsonl' has no load_test_tasks\(\) \(a tasks file .*or use --split val"
+    ):
+        load_test_tasks(tasks, "mine.jsonl", "use --split val")
+    monkeypatch.chdir(REPO)
+    room = load_tasks_module("examples.room_agent.tasks")
+    assert load_test_tasks(room, "examples.room_agent.tasks", "use --split val") == list(room.load_test_tasks())

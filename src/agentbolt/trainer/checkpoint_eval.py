@@ -45,7 +45,7 @@ def checkpoint_split_sets(config: TrainConfig, split: str) -> dict[str, list[dic
     Raises:
         ConfigError: an unknown split, ``val_size`` 0, a tasks module without ``load_test_tasks``, or no task.
     """
-    from agentbolt.trainer.job_config import check_tasks, load_tasks_module, read_tasks_file
+    from agentbolt.trainer.job_config import check_tasks, load_tasks_module, load_test_tasks, read_tasks_file
 
     module = load_tasks_module(config.tasks)
     if split == "val":
@@ -58,13 +58,7 @@ def checkpoint_split_sets(config: TrainConfig, split: str) -> dict[str, list[dic
             found = module.load_val_sets(n_per_set=config.val_size)
             sets = {str(name): check_tasks(tasks, f"{config.tasks} set {name!r}") for name, tasks in found.items()}
     elif split == "test":
-        if not callable(getattr(module, "load_test_tasks", None)):
-            raise ConfigError(
-                f"--split test needs test tasks: {config.tasks!r} has no load_test_tasks() (a tasks file has only the "
-                "train and val splits; put the tasks in a Python module with load_test_tasks() for a test split), "
-                "or use --split val"
-            )
-        sets = {"test": list(module.load_test_tasks())}
+        sets = {"test": load_test_tasks(module, config.tasks, "use --split val")}
     else:
         raise ConfigError(f"split must be val or test, got {split!r}")
     if not any(sets.values()):

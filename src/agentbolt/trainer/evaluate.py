@@ -51,7 +51,7 @@ def split_tasks(config: PromptOptConfig, split: str) -> list[dict[str, Any]]:
     Raises:
         ConfigError: an unknown split, a tasks module that does not import or has no ``load_test_tasks``, or no tasks.
     """
-    from agentbolt.trainer.job_config import load_tasks_module
+    from agentbolt.trainer.job_config import load_tasks_module, load_test_tasks
 
     if split not in SPLIT_MODES:
         raise ConfigError(f"split must be one of {', '.join(SPLIT_MODES)}, got {split!r}")
@@ -59,13 +59,7 @@ def split_tasks(config: PromptOptConfig, split: str) -> list[dict[str, Any]]:
     if split == "val":
         tasks = list(next(iter(module.load_val_sets(n_per_set=config.val_size).values()), []))
     else:
-        if not callable(getattr(module, "load_test_tasks", None)):
-            raise ConfigError(
-                f"the test split needs test tasks: {config.tasks!r} has no load_test_tasks() (a tasks file has only "
-                "the train and val splits; put the tasks in a Python module with load_test_tasks() for a test "
-                "split), or evaluate --split val"
-            )
-        tasks = list(module.load_test_tasks())
+        tasks = load_test_tasks(module, config.tasks, "evaluate --split val")
     if not tasks:
         raise ConfigError(f"{config.tasks} gave no {split} tasks")
     return [dict(task) for task in tasks]

@@ -462,6 +462,22 @@ def load_tasks_module(name: str) -> Any:
     return module
 
 
+def load_test_tasks(module: Any, name: str, instead: str) -> list[Any]:
+    """The test split of a tasks module loaded by :func:`load_tasks_module` (its ``load_test_tasks()``), for the job
+    whose tasks setting is ``name``.
+
+    Raises:
+        ConfigError: it has no ``load_test_tasks`` (a tasks file never has); the message names ``instead``, what
+            to run for the validation split.
+    """
+    if not callable(getattr(module, "load_test_tasks", None)):
+        raise ConfigError(
+            f"the test split needs test tasks: {name!r} has no load_test_tasks() (a tasks file has only the train "
+            f"and val splits; put the tasks in a Python module with load_test_tasks() for a test split), or {instead}"
+        )
+    return list(module.load_test_tasks())
+
+
 def read_settings(path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
     """The mapping of settings in a YAML file, with ``key.sub=value`` overrides applied on top.
 

@@ -78,13 +78,14 @@ def _print_next_steps(console: Console, config: TrainConfig, summary: dict[str, 
 
 def no_learning_warning(before: dict[str, float], after: dict[str, float], store: str) -> str | None:
     """A warning when validation accuracy did not rise: the mean over the sets scored both before and after
-    (unit: fraction correct) is not higher after training; ``None`` when it rose or a side is missing."""
+    (unit: fraction correct) is not higher after training; ``None`` when it rose, was already 1 (nothing left to
+    gain), or a side is missing."""
     common = [name for name in before if name in after]
     if not common:
         return None
     mean_before = sum(before[name] for name in common) / len(common)
     mean_after = sum(after[name] for name in common) / len(common)
-    if mean_after > mean_before:
+    if mean_after > mean_before or mean_before >= 1.0:
         return None
     return (
         f"warning: validation accuracy did not rise (mean over {len(common)} sets {mean_before:.1%} -> "
