@@ -1,5 +1,5 @@
-"""The linear roofline of benchmarks/generation.py: the probe on a real model's shapes (SmolLM2-135M) and the floor
-of a level's work, interpolated by hand."""
+"""The linear roofline of benchmarks/generation.py (in benchmarks/roofline.py): the probe on a real model's shapes
+(SmolLM2-135M) and the floor of a level's work, interpolated by hand."""
 
 from __future__ import annotations
 
@@ -13,11 +13,10 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-@pytest.fixture(scope="module")
-def bench() -> ModuleType:
-    sys.path.insert(0, str(BENCHMARKS))  # generation.py imports machine_info from its own folder
+def _load(name: str) -> ModuleType:
+    sys.path.insert(0, str(BENCHMARKS))  # generation.py imports roofline.py from its own folder, as a script does
     try:
-        spec = importlib.util.spec_from_file_location("generation_benchmark_under_test", BENCHMARKS / "generation.py")
+        spec = importlib.util.spec_from_file_location(f"{name}_benchmark_under_test", BENCHMARKS / f"{name}.py")
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
@@ -25,6 +24,17 @@ def bench() -> ModuleType:
     finally:
         sys.path.remove(str(BENCHMARKS))
     return module
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    return _load("roofline")
+
+
+def test_generation_benchmark_uses_the_roofline_module() -> None:
+    generation = _load("generation")
+    assert generation.linear_floor_fields.__module__ == "roofline"
+    assert generation.measure_linear_floor.__module__ == "roofline"
 
 
 def test_linear_floor_interpolates_the_step_time_and_adds_prefill(bench: ModuleType) -> None:
