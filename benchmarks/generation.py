@@ -113,7 +113,10 @@ are busy with other work (load average at or above the core count), two OpenMP t
 parallel region waits for a thread that is not scheduled, and on a 2-core machine at load 3-4 one SmolLM2 forward
 of 282 tokens took 6-8 s of CPU with 2 threads against 0.3 s with 1. Each level line carries ``cpu_s`` (this
 process's CPU seconds in the level; far above ``threads * wall_s`` of useful work shows the spinning) and
-``load_avg_1m``; on such a machine use ``--threads 1``.
+``load_avg_1m``; on such a machine use ``--threads 1``. The main thread's OpenMP workers (the probes', the
+transformers arm's) are ended after the probes and after each arm (``release_openmp_threads``): left alive they
+outnumber the cores with the backend's, and libgomp then lets every worker sleep after each op (measured before
+that: 55-69 tokens/s at concurrency 16 where the backend alone gave 80-90).
 
 Setup, once, for the llamacpp arm: ``make bench-deps`` builds llama-cpp-python from source for this CPU (about ten
 minutes on two cores) and unpacks its source, with llama.cpp's converter, into ``.agentbolt/llama-src`` (the default
@@ -155,6 +158,8 @@ from typing import Any
 
 from machine_info import cpu_model, git_commit
 from roofline import PREFILL_PROBE_ROWS, linear_floor_fields, measure_bandwidth, measure_linear_floor, weight_bytes
+
+from agentbolt.inference.openmp_threads import release_openmp_threads, run_then_release
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("gateway-continuous", "gateway-generate", "gateway-llamacpp", "transformers-generate", "llamacpp")
@@ -574,7 +579,9 @@ async def run_gateway_arm(
     if arm == "gateway-llamacpp":
         backend, server, note = await start_llamacpp_engine(args, directory)
     else:
-        backend, note = await asyncio.to_thread(load_backend, args, directory, arm == "gateway-continuous")
+        backend, note = await asyncio.to_thread(
+            run_then_release, load_backend, args, directory, arm == "gateway-continuous"
+        )
     timed = TimedBackend(backend)
     store = InMemoryLightningStore()
     no_lease = RolloutConfig(unresponsive_seconds=None)
@@ -1131,6 +1138,7 @@ def main() -> None:
     rows = sorted({n for n in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64) if n <= top} | set(args.levels))
     roof.update(measure_linear_floor(directory, args.threads, rows, PREFILL_PROBE_ROWS, args.linear_repeats))
     emit(roof)
+    release_openmp_threads()  # the probes' OpenMP workers would throttle the backend's (see the docstring)
 
     for arm in args.arm_list:
         started = time.monotonic()
@@ -1144,6 +1152,7 @@ def main() -> None:
         except Exception as exc:  # one arm failing does not end the run
             emit({"kind": "skipped", "arm": arm, "model": args.model, "reason": f"failed: {type(exc).__name__}: {exc}"})
         gc.collect()
+        release_openmp_threads()
         print(f"# {arm}: {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
 
     for line in summary_lines(args, lines, roof):

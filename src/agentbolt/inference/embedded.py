@@ -58,6 +58,7 @@ from agentbolt.inference.continuous import PrefixCache, Row, RunningBatch
 from agentbolt.inference.continuous import supports as supports_continuous
 from agentbolt.inference.generation_hooks import ThroughputStats
 from agentbolt.inference.model_files import MARKER_FILE, MODEL_SPECS, prepare_model
+from agentbolt.inference.openmp_threads import release_openmp_threads
 from agentbolt.inference.prompt_encoding import PromptEncoder, check_sampling, entries_within
 from agentbolt.inference.stop_text import StopTextFilter, cut_at_stop
 
@@ -491,7 +492,10 @@ class EmbeddedBackend:
                 with self._cond:
                     self._busy = bool(self._batch.rows)
                     self._last_batch_end_s = time.monotonic()
+                    idle = not self._busy and not self._queue
                     self._cond.notify_all()
+            if idle:  # nothing to run: this thread's OpenMP workers must not slow another thread's (an update's)
+                release_openmp_threads()
 
     def _next_work(self) -> tuple[str, list[_Pending]] | None:
         """Block until there is work; take it. ``("engine", admitted)`` runs one step of the running batch after

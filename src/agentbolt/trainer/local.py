@@ -24,6 +24,7 @@ from rich.console import Console
 
 from agentbolt.config import GRPOConfig
 from agentbolt.errors import BackendError, ConfigError
+from agentbolt.inference.openmp_threads import run_then_release
 
 if TYPE_CHECKING:
     from torch.nn import Module
@@ -592,7 +593,7 @@ async def local_serving(
     if loaded is None and machine.engine != "embedded":
         loaded, _ = await load_engine(machine, db_path.parent / "engine", console)
     elif loaded is None:  # in a thread: the loop stays free, so a Ctrl-C during the load lands at once
-        loaded = await asyncio.to_thread(machine.load_model, console)
+        loaded = await asyncio.to_thread(run_then_release, machine.load_model, console)
     backend = loaded.backend
     try:
         store = SqliteLightningStore(db_path)
@@ -673,7 +674,13 @@ async def model_serving(
     from agentbolt.store.memory import InMemoryLightningStore
 
     backend, model_setup_s = await asyncio.to_thread(
-        load_embedded, model, device=device, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s, console=console
+        run_then_release,
+        load_embedded,
+        model,
+        device=device,
+        max_batch_size=max_batch_size,
+        batch_wait_s=batch_wait_s,
+        console=console,
     )
     store = InMemoryLightningStore()
     try:
@@ -752,9 +759,9 @@ async def local_training(
 
     # Both in a thread (tens of seconds on CPU): the loop stays free, so a Ctrl-C meanwhile lands at once (the
     # thread is abandoned; the process exits without waiting for it, see agentbolt.cli.common.run_job).
-    loaded = await asyncio.to_thread(machine.load_model, console)
+    loaded = await asyncio.to_thread(run_then_release, machine.load_model, console)
     try:
-        policy, updater = await asyncio.to_thread(build_policy, loaded)
+        policy, updater = await asyncio.to_thread(run_then_release, build_policy, loaded)
     except BaseException:
         await loaded.backend.close()
         raise
@@ -820,7 +827,7 @@ async def _engine_training(
         return policy, updater
 
     try:
-        policy, updater = await asyncio.to_thread(build_policy)
+        policy, updater = await asyncio.to_thread(run_then_release, build_policy)
         if resume_from is not None:  # the engine serves the checkpoint's adapter before any rollout
             await backend.load_adapter(resume_from, resume_from.name)
     except BaseException:

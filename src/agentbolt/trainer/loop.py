@@ -48,6 +48,7 @@ from agentbolt.adapter.trajectory import accuracy_reward, has_named_reward, is_c
 from agentbolt.algorithms.rl.ppo_gae import rollout_gae
 from agentbolt.config import GRPOConfig
 from agentbolt.errors import ConfigError
+from agentbolt.inference.openmp_threads import run_then_release
 from agentbolt.server.gateway.swap import WeightSwapGate
 from agentbolt.store.base import EnqueueRequest, LightningStore
 from agentbolt.trainer.memory import release_freed_memory
@@ -289,12 +290,14 @@ class RLTrainer:
         SmolLM2-135M, 5 steps: peak RSS 4.8, 8.1, 8.7, 8.9, 9.0 GB on the pool; 4.6, 5.1, 5.3, 5.6 GB with
         ``MALLOC_ARENA_MAX=2``; Qwen2.5-0.5B reached 21 GB at step 3 and was killed by the OOM killer at step 4).
         After each update the freed heap pages go back to the system
-        (:func:`~agentbolt.trainer.memory.release_freed_memory`).
+        (:func:`~agentbolt.trainer.memory.release_freed_memory`). After each call the thread's OpenMP workers end
+        (:func:`~agentbolt.inference.openmp_threads.release_openmp_threads`), so the generation thread's parallel
+        regions keep their full spinning.
         """
         if self._update_executor is None:
             self._update_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentbolt-update")
         return await asyncio.get_running_loop().run_in_executor(
-            self._update_executor, functools.partial(function, *args)
+            self._update_executor, functools.partial(run_then_release, function, *args)
         )
 
     def close(self) -> None:
