@@ -447,3 +447,13 @@ def test_a_burst_counts_its_shared_prefix_as_cached_for_every_row_but_the_first(
         later = row()
         batch.admit([later])
         assert later.cached_prefix == 40
+
+
+def test_ragged_advance_equals_a_forward_pass_on_smollm2(model_dir: Path) -> None:
+    """SmolLM2 (a Llama: grouped-query attention, 9 query heads on 3 key/value heads) through
+    ``RunningBatch.advance``'s one-pass forward, float32: ids and logprobs of every row equal a plain forward pass."""
+    from tests.unit.test_ragged_step import drive_and_check
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    drive_and_check(model, model.config.vocab_size)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import collections
 import inspect
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from agentbolt.inference import packed_linear
+from agentbolt.inference.ragged_step import JoiningRow, RaggedForward, supports_ragged
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]
 """Per layer ``(keys, values)``, each ``(batch, H, T, D)``."""
@@ -350,6 +352,7 @@ class RunningBatch:
         self._cache_kwarg = cache_kwarg(model)
         self.packed_linears = packed_linear.install(model)
         """Linears running with prepacked weights (:mod:`agentbolt.inference.packed_linear`; 0 off a CPU)."""
+        self._ragged = _ragged_forward(model)
         self.prefill_tokens = 0
         """Prompt ids prefilled (not found in the prefix cache), since creation."""
         self.padding_tokens = 0
@@ -360,6 +363,23 @@ class RunningBatch:
         self.model = model
         self._cache_kwarg = cache_kwarg(model)
         self.packed_linears = packed_linear.install(model)
+        self._ragged = _ragged_forward(model)
+
+    @property
+    def ragged(self) -> bool:
+        """Whether :meth:`advance` runs joining prompts and the running rows in one pass
+        (:mod:`agentbolt.inference.ragged_step`); otherwise a join is a prefill of its own before the step."""
+        return self._ragged is not None
+
+    def advance(self, joining: list[Row]) -> None:
+        """Admit ``joining`` and run one decode step: every running row gets its next id and every joining row its
+        first. In one forward pass where the model allows (:attr:`ragged`), else :meth:`admit` then :meth:`step`
+        (the caller then checks :meth:`finished` between the two only in the second case)."""
+        if self._ragged is None:
+            self.admit(joining)
+            self.step()
+            return
+        self._advance_ragged(joining)
 
     def _forward(self, **kwargs: Any) -> Any:
         with packed_linear.packed_linears():
@@ -372,6 +392,17 @@ class RunningBatch:
         A row whose first id already ends it is added too (it leaves at the next :meth:`finished`)."""
         if not rows:
             return
+        pasts = self._cached_pasts(rows)
+        suffix_lengths = [len(row.prompt) - n for row, (n, _) in zip(rows, pasts, strict=True)]
+        for group in prefill_groups(suffix_lengths):
+            self._prefill_group([rows[i] for i in group], [pasts[i] for i in group])
+        for row in self.rows:
+            row.peak_batch = max(row.peak_batch, len(self.rows))
+
+    def _cached_pasts(self, rows: list[Row]) -> list[tuple[int, KV | None]]:
+        """Per row, ``(n, kv)``: the ``n`` first prompt ids found in the prefix cache (at most all but the last: one
+        id runs, for the next-id logits) and their keys and values (``(1, H, n, D)`` per layer; None when 0). A burst
+        of rows whose shared prefix (16+ ids) is not cached gets it prefilled once first."""
         prompts = [row.prompt for row in rows]
         shared = common_prefix_length(prompts) if self.prefix_cache.max_bytes > 0 else 0
         cached_before: int | None = None  # of the burst's shared prefix, when this admission prefilled it
@@ -383,15 +414,72 @@ class RunningBatch:
         pasts: list[tuple[int, KV | None]] = []
         for index, row in enumerate(rows):
             n, kv = self.prefix_cache.lookup(row.prompt)
-            n = min(n, len(row.prompt) - 1)  # at least one id runs, for the next-id logits
+            n = min(n, len(row.prompt) - 1)
             if kv is not None and n > 0:
                 kv = [(k[:, :, :n], v[:, :, :n]) for k, v in kv]
             pasts.append((n, kv if n > 0 else None))
             # the first row paid for the shared prefix prefilled just now: only what was cached before counts
             row.cached_prefix = n if cached_before is None or index > 0 else min(n, cached_before)
-        suffix_lengths = [len(row.prompt) - n for row, (n, _) in zip(rows, pasts, strict=True)]
-        for group in prefill_groups(suffix_lengths):
-            self._prefill_group([rows[i] for i in group], [pasts[i] for i in group])
+        return pasts
+
+    def _advance_ragged(self, joining: list[Row]) -> None:
+        """:meth:`advance` in one :class:`~agentbolt.inference.ragged_step.RaggedForward` pass: the joining rows'
+        cached prefixes are copied into buffer rows after the running ones, right-aligned with them; the pass writes
+        every new key and value in place and the batch grows by one column."""
+        assert self._ragged is not None
+        B, G = len(self.rows), len(joining)
+        if B == 0 and G == 0:
+            return
+        pasts = self._cached_pasts(joining) if joining else []
+        T = self._columns if B else 0
+        width = max([T] + [len(row.prompt) - 1 for row in joining])  # the new column; each row ends there
+        if B == 0:
+            template = self._ragged.decoder.embed_tokens.weight
+            shape = (G + SPARE_ROWS, self._ragged.kv_heads, width + 1 + DECODE_SPARE_COLUMNS, self._ragged.head_dim)
+            self._buffers = [
+                (template.new_empty(shape), template.new_empty(shape)) for _ in range(len(self._ragged.decoder.layers))
+            ]
+            self._columns, self._mask_BT = width, torch.zeros((0, width), dtype=torch.long, device=self.device)
+        else:
+            rows_capacity, columns_capacity = self._buffers[0][0].shape[0], self._buffers[0][0].shape[2]
+            if width > T or rows_capacity < B + G or width + 1 > columns_capacity:
+                self._rebuild(
+                    max(rows_capacity, B + G + SPARE_ROWS),
+                    max(columns_capacity, width + 1 + DECODE_SPARE_COLUMNS),
+                    width,
+                )
+        assert self._mask_BT is not None
+        mask = torch.zeros((B + G, width + 1), dtype=self._mask_BT.dtype, device=self.device)
+        mask[:B, :width] = self._mask_BT
+        mask[:B, width] = 1
+        rows_in: list[JoiningRow] = []
+        for g, (row, (n, kv)) in enumerate(zip(joining, pasts, strict=True)):
+            first = width + 1 - len(row.prompt)
+            for layer, (keys, values) in enumerate(self._buffers):
+                keys[B + g, :, :first].zero_()  # never attended to (mask 0), but must be finite
+                values[B + g, :, :first].zero_()
+                if kv is not None:
+                    keys[B + g, :, first : first + n].copy_(kv[layer][0][0])
+                    values[B + g, :, first : first + n].copy_(kv[layer][1][0])
+            mask[B + g, first:] = 1
+            rows_in.append(JoiningRow(buffer_row=B + g, past=n, ids=row.prompt[n:]))
+            self.prefill_tokens += len(row.prompt) - n
+        with packed_linear.packed_linears():
+            logits = self._ragged(
+                [row.generated[-1] for row in self.rows],
+                [row.cached for row in self.rows],
+                rows_in,
+                self._buffers,
+                width,
+                mask[:B].bool() if B else None,
+            )
+        for row in self.rows:
+            row.cached += 1
+        for row in joining:
+            row.cached = len(row.prompt)
+        self.rows.extend(joining)
+        self._columns, self._mask_BT = width + 1, mask
+        self._sample_into(self.rows, logits, only_live=True)
         for row in self.rows:
             row.peak_batch = max(row.peak_batch, len(self.rows))
 
@@ -598,6 +686,13 @@ class RunningBatch:
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _ragged_forward(model: Any) -> RaggedForward | None:
+    """The one-pass forward for ``model`` when it has a Llama-style decoder, unless ``AGENTBOLT_RAGGED_STEP=0``."""
+    if os.environ.get("AGENTBOLT_RAGGED_STEP", "1") == "0" or not supports_ragged(model):
+        return None
+    return RaggedForward(model)
 
 
 def supports(model: Any) -> bool:

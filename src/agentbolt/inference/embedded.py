@@ -638,6 +638,19 @@ class EmbeddedBackend:
             model.eval()
             with torch.inference_mode():
                 rows = [self._row_of(pending) for pending in admitted]
+                if engine.ragged:  # joining prompts and the running rows' next ids in one pass
+                    live = list(engine.rows)
+                    engine.advance(rows)
+                    ended_s = time.monotonic()
+                    if live:  # a decode step that also prefilled the joining rows
+                        self.stats.decode_s += ended_s - started_s
+                        self.stats.decode_steps += 1
+                        self.stats.decode_rows += len(live)
+                    else:
+                        self.stats.prefill_s += ended_s - started_s
+                    self._stream_new_ids(live + rows)
+                    self._answer(engine.finished(self._should_stop))
+                    return
                 engine.admit(rows)
                 admitted_s = time.monotonic()
                 self.stats.prefill_s += admitted_s - started_s

@@ -1,0 +1,99 @@
+"""The one-pass forward of running rows and joining prompts (agentbolt.inference.ragged_step) on a real transformers
+Qwen2 model with random weights (grouped-query attention, q/k/v biases), float32: every row's greedy ids and logprobs
+equal a plain forward pass of its own prompt + answer, through joins beside running rows, prefixes taken from the
+prefix cache, a joining prompt longer than the batch (buffers rebuilt) and rows leaving. (SmolLM2, a Llama, is tested
+the same way in tests/integration/test_embedded.py.)"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+
+from agentbolt.inference.continuous import PrefixCache, Row, RunningBatch  # noqa: E402
+from agentbolt.inference.ragged_step import RaggedForward, supports_ragged  # noqa: E402
+
+
+def _tiny_qwen2() -> Qwen2ForCausalLM:
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
+    return Qwen2ForCausalLM(config).float().eval()
+
+
+def drive_and_check(model: torch.nn.Module, vocab: int) -> list[Row]:
+    """Run five rows through ``RunningBatch.advance`` (joins beside running rows, a shared prefix cached, a long
+    prompt joining late) and check each against a forward pass of prompt + answer. Returns the rows."""
+    generator = torch.Generator().manual_seed(0)
+    prefix = torch.randint(5, vocab, (30,), generator=generator).tolist()
+
+    def row(n: int, max_tokens: int, shared: bool = True) -> Row:
+        prompt = (prefix if shared else []) + torch.randint(5, vocab, (n,), generator=generator).tolist()
+        return Row(None, prompt, max_tokens, 0.0, 1.0, 0, frozenset())
+
+    batch = RunningBatch(model, torch.device("cpu"), 0, PrefixCache(2**28))
+    assert batch.ragged
+    ended: list[Row] = []
+
+    def run(steps: int, joining: list[Row]) -> None:
+        for step in range(steps):
+            ended.extend(batch.finished(lambda _: None))
+            batch.advance(joining if step == 0 else [])
+        ended.extend(batch.finished(lambda _: None))
+
+    with torch.inference_mode():
+        first, unshared = row(5, 40), row(50, 6, shared=False)
+        run(8, [first, unshared])  # the 50 + 0 prompt sets the width; `unshared` ends after 6 ids
+        third, fourth = row(3, 12), row(9, 70)
+        run(5, [third, fourth])  # join beside `first`; their shared prefix is prefilled once for both
+        late = row(120, 5, shared=False)
+        run(90, [late])  # longer than the batch: buffers rebuilt, running rows shifted right
+    rows = [first, unshared, third, fourth, late]
+    assert [r.cached_prefix for r in rows] == [0, 0, 0, 30, 0]
+    assert not batch.rows
+    for finished in rows:
+        assert finished in ended and len(finished.generated) == finished.max_tokens
+        ids = torch.tensor([finished.prompt + finished.generated])
+        with torch.inference_mode():
+            logits = model(ids).logits[0, len(finished.prompt) - 1 : -1]
+        assert finished.generated == logits.argmax(dim=-1).tolist()
+        expected = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(finished.generated).unsqueeze(1))
+        assert torch.allclose(torch.tensor(finished.logprobs), expected.squeeze(1), atol=1e-4, rtol=0)
+    return rows
+
+
+def test_ragged_advance_equals_a_forward_pass_on_qwen2() -> None:
+    drive_and_check(_tiny_qwen2(), 512)
+
+
+def test_only_llama_style_decoders_without_a_sliding_window_are_taken() -> None:
+    model = _tiny_qwen2()
+    assert supports_ragged(model)
+    model.config.use_sliding_window = True
+    assert not supports_ragged(model)
+    with pytest.raises(ValueError, match="Llama-style"):
+        RaggedForward(model)
+    assert not supports_ragged(torch.nn.Linear(2, 2))
+
+
+def test_without_the_ragged_pass_advance_prefills_then_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENTBOLT_RAGGED_STEP", "0")
+    model = _tiny_qwen2()
+    batch = RunningBatch(model, torch.device("cpu"), 0, PrefixCache(0))
+    assert not batch.ragged
+    prompt = list(range(10, 30))
+    row = Row(None, prompt, 3, 0.0, 1.0, 0, frozenset())
+    with torch.inference_mode():
+        batch.advance([row])  # admit (first id) then one step (second id)
+        assert len(row.generated) == 2
+        logits = model(torch.tensor([prompt + row.generated])).logits[0, len(prompt) - 1 : -1]
+    assert row.generated == logits.argmax(dim=-1).tolist()
