@@ -198,7 +198,8 @@ class EmbeddedBackend:
         change."""
         self._continuous_batching = continuous_batching
         self.admit_group = 4
-        """With rows running, queued requests join together once this many wait (see :meth:`_admit_now`)."""
+        """With rows running and joins that prefill on their own (no one-pass step), queued requests join together
+        once this many wait (see :meth:`_admit_now`)."""
         self.admit_wait_s = 0.25
         """... or once the oldest has waited this long (seconds)."""
         self._engine_ok = continuous_batching and supports_continuous(model)
@@ -548,10 +549,12 @@ class EmbeddedBackend:
                     return "engine", admitted
 
     def _admit_now(self, running: bool) -> bool:
-        """Whether the queued requests join the running batch before this step. A join prefills, and a prefill
-        reads all the weights like a decode step does, stalling the running rows for about one step whether it
-        prefills one prompt or several: with rows running, requests join in groups of ``admit_group`` (or as many
-        as there are free slots), or once the oldest has waited ``admit_wait_s``."""
+        """Whether the queued requests join the running batch before this step. Where the step runs joining
+        prompts in its own pass (``RunningBatch.ragged``), a join costs only its ids' compute: they join at once.
+        Otherwise a join prefills on its own, and a prefill reads all the weights like a decode step does, stalling
+        the running rows for about one step whether it prefills one prompt or several: with rows running, requests
+        join in groups of ``admit_group`` (or as many as there are free slots), or once the oldest has waited
+        ``admit_wait_s``."""
         if not self._queue:
             return False
         if not running:
@@ -559,6 +562,8 @@ class EmbeddedBackend:
         free = self.max_batch_size - len(self._batch.rows)
         if free <= 0:
             return False
+        if self._batch.ragged:
+            return True
         if len(self._queue) >= min(free, self.admit_group):
             return True
         return time.monotonic() - self._queue[0].enqueued_s >= self.admit_wait_s
