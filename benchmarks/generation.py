@@ -93,7 +93,8 @@ Per (arm, level) JSON line: arm, model, concurrency, requests, errors, generated
 ttft_s / ttft_p90_s / tpot_s / e2e_s (+ visible_ttft_s), prompt_tokens (mean), cached_prompt_tokens (mean, what
 the backend did not prefill), finish reasons; gateway arms add the level's delta of ``backend.stats``
 (decode_steps, decode_rows, mean_batch_size, generation_s; for the continuous batch prefill_s, decode_s,
-prefill_tokens and decode_step_ms) and of ``prefix_cache.hit_tokens`` /
+prefill_tokens and decode_step_ms: with the one-pass step a decode step also prefills the rows joining it, and
+prefill_s counts only joins into an empty batch; see ``ThroughputStats``) and of ``prefix_cache.hit_tokens`` /
 ``lookup_tokens``. First a ``machine`` line (CPU model, cores, threads, load average, versions, commit, date), then
 a ``roofline`` line, the level lines as they finish, a ``skipped`` line per arm that could not run, and a
 ``summary`` line per level: each arm's tokens/s over the roofline and over llamacpp, and gateway-continuous over

@@ -208,11 +208,14 @@ class ThroughputStats:
         batches: batches run.
         requests: requests answered (successfully) by those batches.
         failed_requests: requests that got a BackendError from the worker.
-        decode_steps: forward passes that generated one id per row (a ``model.generate`` batch counts once).
-        decode_rows: rows in those passes, summed (a ``model.generate`` batch counts its requests).
-        prefill_s: wall seconds of ``generation_s`` spent admitting rows into the embedded continuous batch (prefix
-            cache lookups, prefills, first ids); the rest of its time went to decode steps (``decode_s``).
-        decode_s: wall seconds of the embedded continuous batch's decode steps.
+        decode_steps: forward passes that generated one id per row (a ``model.generate`` batch counts once). With
+            the embedded backend's one-pass step (``RunningBatch.ragged``) a step also prefills the rows joining it.
+        decode_rows: running rows in those passes, summed (joining rows not counted; a ``model.generate`` batch
+            counts its requests).
+        prefill_s: wall seconds of ``generation_s`` spent admitting rows into the embedded continuous batch on their
+            own (prefix cache lookups, prefills, first ids): every join without the one-pass step, only the joins
+            into an empty batch with it; the rest of its time went to decode steps (``decode_s``).
+        decode_s: wall seconds of the embedded continuous batch's decode steps (with their joins, one-pass).
     """
 
     generated_tokens: int = 0

@@ -5,9 +5,11 @@ was prefilled from its first token, and a short answer's row kept being computed
 row ended. On a CPU the calculator agent's calls spend most of their time prefilling the same ~250-token system
 and tools prefix. This engine keeps one running batch that requests join and leave at every step:
 
-- **Rows join between steps** (continuous batching, Yu et al. 2022, "Orca", OSDI'22): a request waiting for a
-  slot is prefilled and its row added to the running batch's key/value cache before the next decode step; a row that
-  ends (stop id, ``max_tokens``, stop string, cancel) leaves at once and its slot is free for the next request.
+- **Rows join at every step** (continuous batching, Yu et al. 2022, "Orca", OSDI'22): a request waiting for a
+  slot is prefilled and its row added to the running batch's key/value cache at the next decode step, in the same
+  forward pass where the model allows (:meth:`RunningBatch.advance`, :mod:`agentbolt.inference.ragged_step`),
+  else by a prefill pass before it; a row that ends (stop id, ``max_tokens``, stop string, cancel) leaves at once
+  and its slot is free for the next request.
 - **Prefix cache** (the idea of vLLM's automatic prefix caching and SGLang's RadixAttention, Zheng et al. 2024):
   the keys and values of finished sequences (prompt + answer) are kept, by token ids, in :class:`PrefixCache`; a new
   prompt is prefilled only from the end of its longest cached prefix. A burst of new prompts that share a prefix
