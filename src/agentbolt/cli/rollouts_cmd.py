@@ -7,6 +7,7 @@ time, until ``limit`` rows match.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,29 @@ from agentbolt.types import TERMINAL_ROLLOUT_STATUSES, RolloutMode, RolloutStatu
 PAGE_SIZE = 200
 """Rollouts read per store query."""
 
+TASK_KEYS = ("question", "prompt", "query", "task", "instruction", "input", "text")
+"""Fields of a task dict that name it, first found first (:func:`task_label`)."""
+
+TASK_LABEL_CHARS = 200
+"""Most characters of a task label (the table shows fewer)."""
+
+
+def task_label(task: Any) -> str:
+    """A one-line name for a rollout's task (its ``input``): the first of :data:`TASK_KEYS` a dict has, else its
+    first string value, else the task as compact JSON; whitespace runs made one space, cut to
+    :data:`TASK_LABEL_CHARS` characters (``...`` at the end when cut)."""
+    value: Any = task
+    if isinstance(task, dict):
+        value = next((task[k] for k in TASK_KEYS if isinstance(task.get(k), str) and task[k].strip()), None)
+        if value is None:
+            value = next((v for v in task.values() if isinstance(v, str) and v.strip()), None)
+        if value is None:
+            value = task
+    if not isinstance(value, str):
+        value = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+    label = " ".join(value.split())
+    return label if len(label) <= TASK_LABEL_CHARS else label[: TASK_LABEL_CHARS - 3] + "..."
+
 
 @dataclass(frozen=True)
 class RolloutRow:
@@ -33,10 +57,12 @@ class RolloutRow:
     final_reward: float | None
     cause: str
     detail: str
+    task: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "rollout_id": self.rollout_id,
+            "task": self.task,
             "status": self.status,
             "mode": self.mode,
             "attempts": self.attempts,
@@ -109,6 +135,7 @@ async def list_rollouts(
                     rollout.final_reward,
                     found.cause if found is not None else "",
                     found.detail if found is not None else "",
+                    task_label(rollout.input),
                 )
             )
             if len(rows) >= limit:
@@ -121,11 +148,14 @@ def render_rows(rows: list[RolloutRow], *, more: bool = False) -> Table:
     caption says so, and how to see them)."""
     table = Table(show_lines=False, caption=_caption(rows, more))
     table.add_column("rollout", no_wrap=True, min_width=27)  # whole: the id is what `agentbolt inspect` takes
+    table.add_column("task", no_wrap=True, max_width=40, overflow="ellipsis")
     for column in ("status", "mode", "attempts", "reward", "cause", "detail"):
         table.add_column(column, overflow="fold" if column == "detail" else "ellipsis")
     for row in rows:
         reward = "" if row.final_reward is None else f"{row.final_reward:g}"
-        table.add_row(row.rollout_id, row.status, row.mode, str(row.attempts), reward, row.cause, row.detail[:120])
+        table.add_row(
+            row.rollout_id, row.task, row.status, row.mode, str(row.attempts), reward, row.cause, row.detail[:120]
+        )
     return table
 
 
