@@ -194,3 +194,23 @@ def test_a_tasks_file_has_no_test_split_and_says_what_to_run(tmp_path: Path, mon
     monkeypatch.chdir(REPO)
     room = load_tasks_module("examples.room_agent.tasks")
     assert load_test_tasks(room, "examples.room_agent.tasks", "use --split val") == list(room.load_test_tasks())
+
+
+def test_a_tasks_file_next_to_the_config_is_found_from_another_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent_dir = tmp_path / "my_agent"
+    agent_dir.mkdir()
+    (agent_dir / "tasks.jsonl").write_text('{"question": "1+1", "answer": "2"}\n')
+    (agent_dir / "val.jsonl").write_text('{"question": "2+2", "answer": "4"}\n')
+    config_file = agent_dir / "config.yaml"
+    config_file.write_text("agent: my_agent.agent:run\ntasks: tasks.jsonl\nval_tasks: val.jsonl\n")
+    monkeypatch.chdir(tmp_path)  # the folder above: neither file is here
+    config = load_train_config(config_file)
+    assert config.tasks == str(agent_dir / "tasks.jsonl") and config.val_tasks == str(agent_dir / "val.jsonl")
+    (tmp_path / "tasks.jsonl").write_text('{"question": "3+3", "answer": "6"}\n')  # one in the current folder wins
+    assert load_train_config(config_file).tasks == str(tmp_path / "tasks.jsonl")
+    config_file.write_text("agent: my_agent.agent:run\ntasks: missing.jsonl\n")  # nowhere: kept as given, then refused
+    assert load_train_config(config_file).tasks == str(tmp_path / "missing.jsonl")
+    with pytest.raises(ConfigError, match="next to the config file"):
+        load_tasks_module(load_train_config(config_file).tasks)

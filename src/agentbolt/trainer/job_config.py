@@ -324,7 +324,10 @@ def read_tasks_file(path: Path) -> list[dict[str, Any]]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"tasks file {path} does not exist (paths are relative to the current folder)") from None
+        raise ConfigError(
+            f"tasks file {path} does not exist (a relative path is read from the current folder, or next to the "
+            "config file when it is there)"
+        ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read tasks file {path}: {exc}") from None
     tasks: list[dict[str, Any]] = []
@@ -485,6 +488,10 @@ def read_settings(path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
         path: the YAML file (a mapping).
         overrides: ``dotted.key=value`` strings; each value is read as YAML (``3``, ``0.5``, ``true``, ``rloo``).
 
+    A relative ``tasks`` or ``val_tasks`` file is read relative to the current folder; when it is not there but is
+    next to the config file, that one is taken (so ``agentbolt train my_agent/config.yaml`` with
+    ``tasks: tasks.jsonl`` works from the folder above).
+
     Raises:
         ConfigError: the file is missing, unreadable (a directory), empty (without overrides) or not a YAML mapping,
             or an override has no ``=``, a value that is not valid YAML, or goes through a value that is not a
@@ -529,7 +536,20 @@ def read_settings(path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
                 f"override {item!r}: the value is not valid YAML ({problem}); quote it, "
                 f"e.g. --set '{key.strip()}=\"...\"'"
             ) from None
+    for key in ("tasks", "val_tasks"):
+        value = data.get(key)
+        if isinstance(value, str) and is_tasks_file(value):
+            data[key] = str(_next_to_config(Path(value.strip()).expanduser(), path))
     return data
+
+
+def _next_to_config(file: Path, config: Path) -> Path:
+    """``file`` as given when it is absolute or exists from the current folder; else the same relative path next to
+    ``config`` when that exists; else as given (reading it then says it does not exist)."""
+    if file.is_absolute() or file.exists():
+        return file
+    beside = config.parent / file
+    return beside if beside.exists() else file
 
 
 ConfigT = TypeVar("ConfigT", bound=_Config)
