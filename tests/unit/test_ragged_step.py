@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
+from agentbolt.inference import ragged_step  # noqa: E402
 from agentbolt.inference.continuous import PrefixCache, Row, RunningBatch  # noqa: E402
 from agentbolt.inference.ragged_step import RaggedForward, supports_ragged  # noqa: E402
 
@@ -72,6 +73,11 @@ def drive_and_check(model: torch.nn.Module, vocab: int) -> list[Row]:
 
 
 def test_ragged_advance_equals_a_forward_pass_on_qwen2() -> None:
+    drive_and_check(_tiny_qwen2(), 512)
+
+
+def test_long_joining_prompts_attend_in_chunks_with_the_same_results(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ragged_step, "QUERY_CHUNK", 7)  # every joining suffix here spans several chunks
     drive_and_check(_tiny_qwen2(), 512)
 
 

@@ -41,6 +41,11 @@ import torch.nn.functional as F
 RAGGED_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 """``config.model_type`` values whose decoder layer is the Llama one this module runs."""
 
+QUERY_CHUNK = 256
+"""A joining row's ids attend in chunks of this many, so that its mask (``group * chunk`` by its columns, bool)
+stays small for a long prompt: 256 ids of Qwen2.5-0.5B (7 query heads per key/value head) against 16k columns is a
+29 MB mask, where the whole 16k-id prompt at once would be 1.8 GB."""
+
 
 @dataclass(frozen=True)
 class JoiningRow:
@@ -156,7 +161,6 @@ class RaggedForward:
         hidden = self.decoder.embed_tokens(id_tensor)  # (1, N, hidden)
         cos, sin = self.decoder.rotary_emb(hidden, position_tensor)  # (1, N, D) each
         cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # (N, 1, D)
-        masks = [self._joining_mask(row, device) for row in joining]
         decode_mask_4d = decode_mask[:, None, None, :] if decode_mask is not None and B > 0 else None
         for layer, (keys, values) in zip(self.decoder.layers, buffers, strict=True):
             attention = layer.self_attn
@@ -176,23 +180,26 @@ class RaggedForward:
                     query, keys[:B, :, : width + 1], values[:B, :, : width + 1], attn_mask=decode_mask_4d, scale=scale
                 )
                 outputs.append(out.reshape(B, self.q_heads * self.head_dim))
-            for row, (start, end), mask in zip(joining, spans, masks, strict=True):
+            for row, (start, end) in zip(joining, spans, strict=True):
                 s = end - start
                 first = width + 1 - row.past - s
                 keys[row.buffer_row, :, width + 1 - s : width + 1].copy_(k[start:end].transpose(0, 1))
                 values[row.buffer_row, :, width + 1 - s : width + 1].copy_(v[start:end].transpose(0, 1))
-                # (s, Hq, D) -> (1, Hkv, group * s, D): a key/value head's queries, each query head's s in a run
-                query = q[start:end].view(s, self.kv_heads, self.group, self.head_dim).permute(1, 2, 0, 3)
-                query = query.reshape(1, self.kv_heads, self.group * s, self.head_dim)
-                out = F.scaled_dot_product_attention(
-                    query,
-                    keys[row.buffer_row : row.buffer_row + 1, :, first : width + 1],
-                    values[row.buffer_row : row.buffer_row + 1, :, first : width + 1],
-                    attn_mask=mask,
-                    scale=scale,
-                )
-                out = out.view(self.kv_heads, self.group, s, self.head_dim).permute(2, 0, 1, 3)
-                outputs.append(out.reshape(s, self.q_heads * self.head_dim))
+                for offset in range(0, s, QUERY_CHUNK):
+                    c = min(QUERY_CHUNK, s - offset)
+                    seen = row.past + offset + c  # columns the chunk's last id attends to
+                    # (c, Hq, D) -> (1, Hkv, group * c, D): a key/value head's queries, each query head's c in a run
+                    query = q[start + offset : start + offset + c].view(c, self.kv_heads, self.group, self.head_dim)
+                    query = query.permute(1, 2, 0, 3).reshape(1, self.kv_heads, self.group * c, self.head_dim)
+                    out = F.scaled_dot_product_attention(
+                        query,
+                        keys[row.buffer_row : row.buffer_row + 1, :, first : first + seen],
+                        values[row.buffer_row : row.buffer_row + 1, :, first : first + seen],
+                        attn_mask=self._causal_mask(c, seen, device),
+                        scale=scale,
+                    )
+                    out = out.view(self.kv_heads, self.group, c, self.head_dim).permute(2, 0, 1, 3)
+                    outputs.append(out.reshape(c, self.q_heads * self.head_dim))
             attended = torch.cat(outputs) if len(outputs) > 1 else outputs[0]
             hidden = hidden + attention.o_proj(attended.unsqueeze(0))
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
@@ -200,9 +207,8 @@ class RaggedForward:
         kept = hidden[:, last] if len(last) < N else hidden
         return self.lm.lm_head(self.decoder.norm(kept))[0]
 
-    def _joining_mask(self, row: JoiningRow, device: torch.device) -> torch.Tensor:
-        """``(1, 1, group * s, past + s)`` bool: suffix id ``i`` sees the prefix and suffix ids ``<= i``, repeated for
-        each query head of a key/value head (the query layout of :meth:`__call__`)."""
-        s = len(row.ids)
-        causal = torch.ones((s, row.past + s), dtype=torch.bool, device=device).tril(diagonal=row.past)
+    def _causal_mask(self, queries: int, columns: int, device: torch.device) -> torch.Tensor:
+        """``(1, 1, group * queries, columns)`` bool for the last ``queries`` ids of ``columns``: id ``i`` of them sees
+        the columns up to its own, repeated for each query head of a key/value head (the layout of :meth:`__call__`)."""
+        causal = torch.ones((queries, columns), dtype=torch.bool, device=device).tril(diagonal=columns - queries)
         return causal.repeat(self.group, 1)[None, None]
