@@ -103,3 +103,51 @@ def test_without_the_ragged_pass_advance_prefills_then_steps(monkeypatch: pytest
         assert len(row.generated) == 2
         logits = model(torch.tensor([prompt + row.generated])).logits[0, len(prompt) - 1 : -1]
     assert row.generated == logits.argmax(dim=-1).tolist()
+
+
+def _captured_logits(batch: RunningBatch) -> list[torch.Tensor]:
+    """Every logits tensor the batch samples from, in order (a wrapper around its ``_sample_into``)."""
+    seen: list[torch.Tensor] = []
+    original = batch._sample_into
+
+    def capture(rows: list[Row], logits_BV: torch.Tensor, only_live: bool = False) -> None:
+        seen.append(logits_BV.clone())
+        original(rows, logits_BV, only_live)
+
+    batch._sample_into = capture  # type: ignore[method-assign]
+    return seen
+
+
+def test_a_request_alone_gets_the_logits_of_transformers_own_forward_in_bf16() -> None:
+    """bf16, one request at a time: a prompt with nothing cached, then one whose first 40 ids come from the prefix
+    cache. Each step's logits are those of transformers' own passes with its cache, replayed the same way (the first
+    prompt in one pass, then one id a pass; for the second, that cache cut to 40 columns, then its suffix in one
+    pass): bit for bit where the packed linears compute as the plain ones do (native bf16), else to bf16 rounding."""
+    from transformers import DynamicCache
+
+    from agentbolt.inference import packed_linear
+
+    model = _tiny_qwen2().to(torch.bfloat16)
+    generator = torch.Generator().manual_seed(3)
+    prefix = torch.randint(5, 512, (40,), generator=generator).tolist()
+    batch = RunningBatch(model, torch.device("cpu"), 0, PrefixCache(2**28))
+    logits = _captured_logits(batch)
+    cache = DynamicCache()
+    for suffix_len in (9, 6):  # the second finds the first's prompt + answer in the prefix cache
+        prompt = prefix + torch.randint(5, 512, (suffix_len,), generator=generator).tolist()
+        row = Row(None, prompt, 5, 0.0, 1.0, 0, frozenset())
+        logits.clear()
+        with torch.inference_mode():
+            while row.finish_reason is None:
+                batch.advance([row] if not row.generated else [])
+            batch.finished(lambda _: None)
+            if cache.get_seq_length() > row.cached_prefix:  # keep what the prefix cache gave the row
+                cache.crop(row.cached_prefix - cache.get_seq_length())
+            run = [prompt[row.cached_prefix :], *([token] for token in row.generated[:-1])]
+            expected = [model(torch.tensor([ids]), past_key_values=cache, use_cache=True).logits[0, -1] for ids in run]
+        served = torch.stack([step[0] for step in logits])
+        if packed_linear.native_bf16():
+            assert torch.equal(served, torch.stack(expected))
+        else:
+            assert torch.allclose(served.float(), torch.stack(expected).float(), atol=0.05, rtol=0)
+    assert row.cached_prefix == 40

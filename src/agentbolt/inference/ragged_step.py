@@ -11,9 +11,12 @@ embedding, MLP), and only attention is done per part:
 
 - the running rows' one query each attends to its row of the batch's key/value buffers (a ``(B, 1, 1, W + 1)``
   mask), with the query heads of a key/value head stacked as that head's queries (no key/value copies for grouped
-  query attention);
+  query attention), as transformers' SDPA path runs a one-id step;
 - a joining row's ``s_g`` queries attend to its cached prefix (copied into its buffer row before the pass) and to its
-  own earlier suffix ids (a causal mask aligned to the end of its keys), one attention call per joining row.
+  own earlier suffix ids, one attention call per joining row, in the form transformers uses for the same prompt (a
+  causal call without a mask when nothing was cached; keys repeated per query head and a causal mask aligned to the
+  end of the keys after a cached prefix), so that a request served alone gets the ids and logprobs a plain
+  transformers forward gives, bit for bit where the linears are (native bf16).
 
 The weights are the model's own modules (``embed_tokens``, each layer's ``input_layernorm``, ``q/k/v/o_proj``,
 ``post_attention_layernorm``, ``mlp``, the final ``norm``, ``lm_head``), called as they are, so LoRA layers, the
@@ -42,9 +45,9 @@ RAGGED_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 """``config.model_type`` values whose decoder layer is the Llama one this module runs."""
 
 QUERY_CHUNK = 256
-"""A joining row's ids attend in chunks of this many, so that its mask (``group * chunk`` by its columns, bool)
-stays small for a long prompt: 256 ids of Qwen2.5-0.5B (7 query heads per key/value head) against 16k columns is a
-29 MB mask, where the whole 16k-id prompt at once would be 1.8 GB."""
+"""A joining row's ids after a cached prefix (or more than this many) attend in chunks of this many, so that their
+mask (chunk by the row's columns, bool) stays small for a long prompt: 4 MB for 16k columns, where a 16k-id prompt at
+once would need 256 MB."""
 
 
 @dataclass(frozen=True)
@@ -185,21 +188,27 @@ class RaggedForward:
                 first = width + 1 - row.past - s
                 keys[row.buffer_row, :, width + 1 - s : width + 1].copy_(k[start:end].transpose(0, 1))
                 values[row.buffer_row, :, width + 1 - s : width + 1].copy_(v[start:end].transpose(0, 1))
+                row_keys = keys[row.buffer_row : row.buffer_row + 1, :, first : width + 1]  # (1, Hkv, L, D)
+                row_values = values[row.buffer_row : row.buffer_row + 1, :, first : width + 1]
+                queries = q[start:end].transpose(0, 1).unsqueeze(0)  # (1, Hq, s, D)
+                if row.past == 0 and s <= QUERY_CHUNK:  # as transformers runs a prompt without a cache
+                    out = F.scaled_dot_product_attention(
+                        queries, row_keys, row_values, is_causal=True, scale=scale, enable_gqa=self.group > 1
+                    )
+                    outputs.append(out[0].transpose(0, 1).reshape(s, self.q_heads * self.head_dim))
+                    continue
+                # as transformers runs a prompt after a cached prefix: keys repeated per query head, a causal mask
+                row_keys, row_values = _repeat_heads(row_keys, self.group), _repeat_heads(row_values, self.group)
                 for offset in range(0, s, QUERY_CHUNK):
                     c = min(QUERY_CHUNK, s - offset)
-                    seen = row.past + offset + c  # columns the chunk's last id attends to
-                    # (c, Hq, D) -> (1, Hkv, group * c, D): a key/value head's queries, each query head's c in a run
-                    query = q[start + offset : start + offset + c].view(c, self.kv_heads, self.group, self.head_dim)
-                    query = query.permute(1, 2, 0, 3).reshape(1, self.kv_heads, self.group * c, self.head_dim)
                     out = F.scaled_dot_product_attention(
-                        query,
-                        keys[row.buffer_row : row.buffer_row + 1, :, first : first + seen],
-                        values[row.buffer_row : row.buffer_row + 1, :, first : first + seen],
-                        attn_mask=self._causal_mask(c, seen, device),
+                        queries[:, :, offset : offset + c],
+                        row_keys,
+                        row_values,
+                        attn_mask=_causal_mask(c, row.past + offset, row.past + s, device),
                         scale=scale,
                     )
-                    out = out.view(self.kv_heads, self.group, c, self.head_dim).permute(2, 0, 1, 3)
-                    outputs.append(out.reshape(c, self.q_heads * self.head_dim))
+                    outputs.append(out[0].transpose(0, 1).reshape(c, self.q_heads * self.head_dim))
             attended = torch.cat(outputs) if len(outputs) > 1 else outputs[0]
             hidden = hidden + attention.o_proj(attended.unsqueeze(0))
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
@@ -207,8 +216,16 @@ class RaggedForward:
         kept = hidden[:, last] if len(last) < N else hidden
         return self.lm.lm_head(self.decoder.norm(kept))[0]
 
-    def _causal_mask(self, queries: int, columns: int, device: torch.device) -> torch.Tensor:
-        """``(1, 1, group * queries, columns)`` bool for the last ``queries`` ids of ``columns``: id ``i`` of them sees
-        the columns up to its own, repeated for each query head of a key/value head (the layout of :meth:`__call__`)."""
-        causal = torch.ones((queries, columns), dtype=torch.bool, device=device).tril(diagonal=columns - queries)
-        return causal.repeat(self.group, 1)[None, None]
+
+def _repeat_heads(t: torch.Tensor, group: int) -> torch.Tensor:
+    """``(1, Hkv, L, D)`` -> ``(1, Hkv * group, L, D)``, each key/value head repeated for its query heads."""
+    if group == 1:
+        return t
+    one, heads, length, dim = t.shape
+    return t[:, :, None].expand(one, heads, group, length, dim).reshape(one, heads * group, length, dim)
+
+
+def _causal_mask(queries: int, before: int, columns: int, device: torch.device) -> torch.Tensor:
+    """``(1, 1, queries, columns)`` bool: query ``i`` (the id after ``before + i`` others) sees columns ``<= before +
+    i``."""
+    return torch.ones((queries, columns), dtype=torch.bool, device=device).tril(diagonal=before)[None, None]
