@@ -356,9 +356,19 @@ def test_close_ends_running_rows_at_once(model_dir: Path) -> None:
         assert running
         started_s = time.monotonic()
         await served.close()
+        outcomes: list[GenerationResult | BackendError] = []
         for row in running:
-            with pytest.raises(BackendError, match="closed while this request was generating"):
-                await row
+            try:
+                outcomes.append(await row)
+            except BackendError as exc:
+                assert "closed while this request was generating" in str(exc)
+                outcomes.append(exc)
+        # a row may also meet its end-of-turn in the step that was running when close() came (seen once in CI):
+        # it is answered as usual; the others get the error instead of running on
+        assert any(isinstance(outcome, BackendError) for outcome in outcomes), outcomes
+        for outcome in outcomes:
+            if isinstance(outcome, GenerationResult):
+                assert outcome.finish_reason == "stop" and len(outcome.response_token_ids) < 4000
         return time.monotonic() - started_s
 
     assert asyncio.run(scenario()) < 5.0
