@@ -210,7 +210,9 @@ def test_a_tasks_file_next_to_the_config_is_found_from_another_folder(
     assert config.tasks == str(agent_dir / "tasks.jsonl") and config.val_tasks == str(agent_dir / "val.jsonl")
     (tmp_path / "tasks.jsonl").write_text('{"question": "3+3", "answer": "6"}\n')  # one in the current folder wins
     assert load_train_config(config_file).tasks == str(tmp_path / "tasks.jsonl")
-    config_file.write_text("agent: my_agent.agent:run\ntasks: missing.jsonl\n")  # nowhere: kept as given, then refused
-    assert load_train_config(config_file).tasks == str(tmp_path / "missing.jsonl")
-    with pytest.raises(ConfigError, match="next to the config file"):
-        load_tasks_module(load_train_config(config_file).tasks)
+    config_file.write_text("agent: my_agent.agent:run\ntasks: tasks.jsonl\nval_tasks: missing.jsonl\n")  # nowhere
+    with pytest.raises(ConfigError) as refused:
+        load_train_config(config_file)
+    assert "val_tasks file missing.jsonl does not exist" in str(refused.value)
+    assert f"{tmp_path / 'missing.jsonl'} (the current folder)" in str(refused.value)
+    assert f"{agent_dir / 'missing.jsonl'} (next to the config file)" in str(refused.value)

@@ -324,10 +324,7 @@ def read_tasks_file(path: Path) -> list[dict[str, Any]]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(
-            f"tasks file {path} does not exist (a relative path is read from the current folder, or next to the "
-            "config file when it is there)"
-        ) from None
+        raise ConfigError(f"tasks file {path} does not exist") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read tasks file {path}: {exc}") from None
     tasks: list[dict[str, Any]] = []
@@ -539,17 +536,26 @@ def read_settings(path: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
     for key in ("tasks", "val_tasks"):
         value = data.get(key)
         if isinstance(value, str) and is_tasks_file(value):
-            data[key] = str(_next_to_config(Path(value.strip()).expanduser(), path))
+            data[key] = str(_next_to_config(key, Path(value.strip()).expanduser(), path))
     return data
 
 
-def _next_to_config(file: Path, config: Path) -> Path:
+def _next_to_config(key: str, file: Path, config: Path) -> Path:
     """``file`` as given when it is absolute or exists from the current folder; else the same relative path next to
-    ``config`` when that exists; else as given (reading it then says it does not exist)."""
+    ``config`` when that exists.
+
+    Raises:
+        ConfigError: a relative ``file`` is in neither place (the message names ``key`` and both paths).
+    """
     if file.is_absolute() or file.exists():
         return file
     beside = config.parent / file
-    return beside if beside.exists() else file
+    if beside.exists():
+        return beside
+    raise ConfigError(
+        f"{config}: {key} file {file} does not exist; looked in {file.resolve()} (the current folder) and "
+        f"{beside.resolve()} (next to the config file)"
+    )
 
 
 ConfigT = TypeVar("ConfigT", bound=_Config)
