@@ -69,7 +69,15 @@ model once, sends one untimed warm-up request (4 tokens), then runs the levels i
   64 prompt ids without the output projection, per id. Gateway level lines add ``linear_floor_s``, the time the
   level's own work needs in linears alone (its decode steps at their mean row count, interpolated, plus its
   prefilled ids), ``linear_floor_tokens_per_s`` and ``linear_floor_share`` (floor / wall): the rest of the wall is
-  attention, sampling, scheduling, the gateway and rows not full.
+  attention, sampling, scheduling, the gateway and rows not full. ``linear_gflops`` / ``linear_read_gb_s`` (per
+  row count) say which limit a step's linears meet: the arithmetic rate, and the read bandwidth they used beside
+  the measured one (on the 2-core AMD EPYC of 2026-12-04, 16 rows ran at ~290 GFLOPS reading ~18 of 34 GB/s:
+  bound by compute, so the bandwidth roofline is out of reach there; ``prefill_gflops``, 64 ids, ~390).
+* full-batch roofline (gateway level lines, ``full_batch_roofline_tokens_per_s``): the level's own work, its
+  generated tokens (each request's first from its prefill, the rest from decode steps) and the prompt ids it
+  prefilled, as if every decode step ran ``c`` full rows and did nothing but
+  matrix products at the probe's speed: what that level's mix of prefill and decode allows with no ramp, no drain
+  and no overhead. The summary line gives each gateway arm's ratio to it.
 
 Latency, per request (medians; ``ttft_s`` also p90):
 
@@ -995,6 +1003,9 @@ def summary_lines(args: argparse.Namespace, lines: list[dict[str, Any]], roof: d
             line[f"{arm}_over_roofline"] = round(tps / roofline, 3) if roofline else None
             linear = roof["linear_roofline_tokens_per_s"].get(str(c))
             line[f"{arm}_over_linear_roofline"] = round(tps / linear, 3) if linear else None
+            full = levels.get((arm, c), {}).get("full_batch_roofline_tokens_per_s")
+            if full:
+                line[f"{arm}_over_full_batch_roofline"] = round(tps / full, 3)
             if arm != "llamacpp":
                 line[f"{arm}_over_llamacpp"] = round(tps / llama, 3) if llama else None
         cont = levels.get(("gateway-continuous", c), {}).get("tokens_per_s")
@@ -1041,12 +1052,29 @@ def print_table(args: argparse.Namespace, lines: list[dict[str, Any]], roof: dic
     for c in args.levels:
         linear = roof["linear_roofline_tokens_per_s"][str(c)]
         print(f"{'linear roofline':<22}{c:>4}{'':>43}{linear:>9.1f}")
-    print(f"prefill linears: {roof['prefill_ms_per_token']} ms a prompt id ({roof['prefill_rows']} ids a pass)")
+    print(
+        f"prefill linears: {roof['prefill_ms_per_token']} ms a prompt id ({roof['prefill_rows']} ids a pass, "
+        f"{roof['prefill_gflops']} GFLOPS)"
+    )
+    print(
+        "decode linears: "
+        + ", ".join(
+            f"{n} rows {roof['linear_gflops'][str(n)]} GFLOPS / {roof['linear_read_gb_s'][str(n)]} GB/s"
+            for n in args.levels
+        )
+        + f" (read bandwidth {roof['read_gb_s']} GB/s)"
+    )
     for line in lines:
         if line.get("kind") == "level" and line.get("linear_floor_tokens_per_s"):
+            full = line.get("full_batch_roofline_tokens_per_s")
             print(
                 f"{line['arm']} c={line['concurrency']}: linears alone at the probe's speed {line['linear_floor_s']} s "
                 f"({line['linear_floor_share']:.0%} of the wall), {line['linear_floor_tokens_per_s']} tok/s"
+                + (
+                    f"; full-batch roofline {full} tok/s ({line['tokens_per_s'] / full:.0%} reached)"
+                    if full and line["tokens_per_s"]
+                    else ""
+                )
             )
     for line in lines:
         if line.get("kind") == "skipped":

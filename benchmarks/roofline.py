@@ -123,7 +123,11 @@ def measure_linear_floor(
     ``linear_roofline_tokens_per_s`` (rows -> rows / that time: a decode step's tokens/s if it did nothing but its
     matrix products, so an upper bound that counts compute, unlike the bandwidth roofline) and
     ``prefill_ms_per_token`` (the linears of ``prefill_rows`` prompt ids in one pass, output projection left out as
-    prefill runs it on the last position only, per id)."""
+    prefill runs it on the last position only, per id), and what those times mean for the hardware:
+    ``linear_gflops`` (rows -> 2 * rows * (sum of out * in over the matrices) / time, 1e9 FLOP/s; the matrix
+    products' arithmetic rate), ``linear_read_gb_s`` (rows -> bytes of the packed weights / time: the read
+    bandwidth that pass used, to set beside the measured bandwidth; well below it means the pass is bound by
+    compute, not memory) and ``prefill_gflops`` (the prefill pass's rate)."""
     import torch
 
     from agentbolt.inference import packed_linear
@@ -153,6 +157,9 @@ def measure_linear_floor(
 
     step_ms = {str(n): round(1000 * step(n, True), 2) for n in rows}
     prefill_ms = 1000 * step(prefill_rows, False) / prefill_rows
+    body_elements = sum(out * width for out, width in shapes)
+    step_elements = body_elements + (head[0] * head[1] if head is not None else 0)
+    element_bytes = torch.empty((), dtype=dtype).element_size()
     return {
         "linear_dtype": str(dtype).removeprefix("torch."),
         "linear_matrices": len(shapes) + (head is not None),
@@ -160,21 +167,47 @@ def measure_linear_floor(
         "linear_roofline_tokens_per_s": {n: round(int(n) / ms * 1000, 1) for n, ms in step_ms.items()},
         "prefill_rows": prefill_rows,
         "prefill_ms_per_token": round(prefill_ms, 3),
+        "linear_gflops": {n: round(2 * step_elements * int(n) / ms / 1e6, 1) for n, ms in step_ms.items()},
+        "linear_read_gb_s": {n: round(step_elements * element_bytes / ms / 1e6, 2) for n, ms in step_ms.items()},
+        "prefill_gflops": round(2 * body_elements / prefill_ms / 1e6, 1),
     }
 
 
 def linear_floor_fields(roof: dict[str, Any], line: dict[str, Any], delta: dict[str, float]) -> dict[str, Any]:
     """A gateway level's ``linear_floor_s`` (:func:`linear_floor_s` of its decode steps and prefilled ids),
     ``linear_floor_tokens_per_s`` (its generated tokens over that) and ``linear_floor_share`` (that over its wall
-    time: the part of the level that was matrix products at the probe's speed)."""
+    time: the part of the level that was matrix products at the probe's speed); and
+    ``full_batch_roofline_tokens_per_s``: the level's generated tokens over the time its work would take with every
+    decode step full (``concurrency`` rows, :func:`full_batch_floor_s`), what the level could give with no ramp, no
+    drain and nothing but matrix products."""
     floor = linear_floor_s(roof, int(delta["decode_rows"]), int(delta["decode_steps"]), int(delta["prefill_tokens"]))
+    decoded = max(0, int(line["generated_tokens"]) - int(line["requests"]))  # a request's first id: its prefill pass
+    full = full_batch_floor_s(roof, int(line["concurrency"]), decoded, int(delta["prefill_tokens"]))
     if not floor:
-        return {"linear_floor_s": None, "linear_floor_tokens_per_s": None, "linear_floor_share": None}
+        return {
+            "linear_floor_s": None,
+            "linear_floor_tokens_per_s": None,
+            "linear_floor_share": None,
+            "full_batch_roofline_tokens_per_s": None,
+        }
     return {
         "linear_floor_s": round(floor, 3),
         "linear_floor_tokens_per_s": round(line["generated_tokens"] / floor, 1),
         "linear_floor_share": round(floor / line["wall_s"], 3) if line["wall_s"] else None,
+        "full_batch_roofline_tokens_per_s": round(line["generated_tokens"] / full, 1) if full else None,
     }
+
+
+def full_batch_floor_s(roof: dict[str, Any], concurrency: int, decoded_tokens: int, prefill_tokens: int) -> float:
+    """Seconds the linears alone need for ``decoded_tokens`` (generated tokens after each request's first, which
+    comes out of its prefill) in steps of ``concurrency`` full rows
+    (``decoded_tokens / concurrency`` steps at the probe's ``linear_step_ms`` of that row count) plus
+    ``prefill_tokens`` prompt ids at its per-id prefill cost: a compute roofline for the level's own mix of prefill
+    and decode (0.0 without a probe at that row count)."""
+    step_ms = roof["linear_step_ms"].get(str(concurrency))
+    if step_ms is None or concurrency <= 0:
+        return 0.0
+    return (decoded_tokens / concurrency * step_ms + prefill_tokens * roof["prefill_ms_per_token"]) / 1000
 
 
 def linear_floor_s(roof: dict[str, Any], decode_rows: int, decode_steps: int, prefill_tokens: int) -> float | None:

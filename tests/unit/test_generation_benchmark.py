@@ -9,6 +9,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -44,10 +45,18 @@ def test_linear_floor_interpolates_the_step_time_and_adds_prefill(bench: ModuleT
     # outside the measured rows: the nearest measured count (no extrapolation)
     assert bench.linear_floor_s(roof, decode_rows=64, decode_steps=2, prefill_tokens=0) == pytest.approx(0.128)
     assert bench.linear_floor_s(roof, decode_rows=0, decode_steps=0, prefill_tokens=5) is None
-    fields = bench.linear_floor_fields(
-        roof, {"generated_tokens": 136, "wall_s": 1.7}, {"decode_rows": 60, "decode_steps": 10, "prefill_tokens": 100}
-    )
-    assert fields == {"linear_floor_s": 0.68, "linear_floor_tokens_per_s": 200.0, "linear_floor_share": 0.4}
+    line = {"generated_tokens": 136, "requests": 8, "wall_s": 1.7, "concurrency": 8}
+    fields = bench.linear_floor_fields(roof, line, {"decode_rows": 60, "decode_steps": 10, "prefill_tokens": 100})
+    # full batch: 136 - 8 first tokens (from the prefill) = 128 in steps of 8 rows = 16 steps at 52 ms (832 ms)
+    # + 100 ids at 2 ms = 1.032 s; 136 / 1.032 = 131.8
+    assert fields == {
+        "linear_floor_s": 0.68,
+        "linear_floor_tokens_per_s": 200.0,
+        "linear_floor_share": 0.4,
+        "full_batch_roofline_tokens_per_s": 131.8,
+    }
+    assert bench.full_batch_floor_s(roof, concurrency=8, decoded_tokens=128, prefill_tokens=100) == pytest.approx(1.032)
+    assert bench.full_batch_floor_s(roof, concurrency=12, decoded_tokens=128, prefill_tokens=100) == 0.0
 
 
 def test_linear_probe_covers_every_matrix_of_the_model(bench: ModuleType, smollm2_dir: Path) -> None:
@@ -61,3 +70,13 @@ def test_linear_probe_covers_every_matrix_of_the_model(bench: ModuleType, smollm
     for rows, tokens_per_s in probe["linear_roofline_tokens_per_s"].items():
         assert tokens_per_s == pytest.approx(int(rows) / probe["linear_step_ms"][rows] * 1000, rel=1e-2)
     assert probe["prefill_ms_per_token"] > 0
+    # the rates: 2 FLOPs per weight per row, and the packed weights' bytes, over the measured time
+    from agentbolt.inference import packed_linear
+
+    elements = sum(out * width for out, width in shapes) + head[0] * head[1]
+    element_bytes = 4 if packed_linear.compute_dtype() == torch.float32 else 2
+    for rows, ms in probe["linear_step_ms"].items():
+        assert probe["linear_gflops"][rows] == pytest.approx(2 * elements * int(rows) / (ms / 1e3) / 1e9, rel=1e-2)
+        assert probe["linear_read_gb_s"][rows] == pytest.approx(elements * element_bytes / (ms / 1e3) / 1e9, rel=1e-2)
+    body = elements - head[0] * head[1]
+    assert probe["prefill_gflops"] == pytest.approx(2 * body / (probe["prefill_ms_per_token"] / 1e3) / 1e9, rel=1e-2)
