@@ -382,7 +382,8 @@ def test_running_batch_buffers_keep_every_row_exact_through_joins_ends_trims_and
     forward pass of its own prompt + answer."""
     from transformers import AutoModelForCausalLM
 
-    from agentbolt.inference.continuous import DECODE_SPARE_COLUMNS, PrefixCache, Row, RunningBatch
+    from agentbolt.inference.continuous import DECODE_SPARE_COLUMNS, Row, RunningBatch
+    from agentbolt.inference.kv_cache import PrefixCache
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     generator = torch.Generator().manual_seed(0)
@@ -438,7 +439,8 @@ def test_a_burst_counts_its_shared_prefix_as_cached_for_every_row_but_the_first(
     ids, the others the prefix; a later row with the same prefix finds it cached."""
     from transformers import AutoModelForCausalLM
 
-    from agentbolt.inference.continuous import PrefixCache, Row, RunningBatch
+    from agentbolt.inference.continuous import Row, RunningBatch
+    from agentbolt.inference.kv_cache import PrefixCache
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     generator = torch.Generator().manual_seed(1)

@@ -10,12 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from agentbolt.inference.continuous import (  # noqa: E402
-    PrefixCache,
-    common_prefix_length,
-    prefill_groups,
-    sample_rows,
-)
+from agentbolt.inference.continuous import prefill_groups, sample_rows  # noqa: E402
+from agentbolt.inference.kv_cache import PrefixCache, common_prefix_length  # noqa: E402
 
 
 def _kv(n: int, value: float = 0.0, layers: int = 2) -> list[tuple[torch.Tensor, torch.Tensor]]:

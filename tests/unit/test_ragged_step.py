@@ -13,7 +13,8 @@ torch = pytest.importorskip("torch")
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 from agentbolt.inference import ragged_step  # noqa: E402
-from agentbolt.inference.continuous import PrefixCache, Row, RunningBatch  # noqa: E402
+from agentbolt.inference.continuous import Row, RunningBatch  # noqa: E402
+from agentbolt.inference.kv_cache import PrefixCache  # noqa: E402
 from agentbolt.inference.ragged_step import RaggedForward, supports_ragged  # noqa: E402
 
 

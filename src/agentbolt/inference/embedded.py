@@ -54,9 +54,10 @@ from agentbolt.inference.base import (
     RequestRefused,
 )
 from agentbolt.inference.batched_generate import generate_batch
-from agentbolt.inference.continuous import PrefixCache, Row, RunningBatch
+from agentbolt.inference.continuous import Row, RunningBatch
 from agentbolt.inference.continuous import supports as supports_continuous
 from agentbolt.inference.generation_hooks import ThroughputStats
+from agentbolt.inference.kv_cache import PrefixCache
 from agentbolt.inference.model_files import MARKER_FILE, MODEL_SPECS, prepare_model
 from agentbolt.inference.openmp_threads import release_openmp_threads
 from agentbolt.inference.prompt_encoding import PromptEncoder, check_sampling, entries_within

@@ -60,7 +60,7 @@ from agentbolt.algorithms.rl.losses import ppo_clip_loss, rollout_mean_weights
 from agentbolt.algorithms.rl.trainer_config import TorchTrainerConfig
 from agentbolt.errors import ConfigError
 from agentbolt.inference import packed_linear
-from agentbolt.inference.continuous import as_cache, cache_kwarg, cache_layers, common_prefix_length, output_cache
+from agentbolt.inference.kv_cache import as_cache, cache_kwarg, cache_layers, common_prefix_length, output_cache
 
 if TYPE_CHECKING:
     from peft import PeftModel
