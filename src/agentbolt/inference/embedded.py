@@ -647,13 +647,10 @@ class EmbeddedBackend:
                 if engine.ragged:  # joining prompts and the running rows' next ids in one pass
                     live = list(engine.rows)
                     engine.advance(rows)
-                    ended_s = time.monotonic()
                     if live:  # a decode step that also prefilled the joining rows
-                        self.stats.decode_s += ended_s - started_s
-                        self.stats.decode_steps += 1
-                        self.stats.decode_rows += len(live)
+                        self._count_decode_step(len(live), time.monotonic() - started_s)
                     else:
-                        self.stats.prefill_s += ended_s - started_s
+                        self.stats.prefill_s += time.monotonic() - started_s
                     self._stream_new_ids(live + rows)
                     self._answer(engine.finished(self._should_stop))
                     return
@@ -666,9 +663,7 @@ class EmbeddedBackend:
                     live = list(engine.rows)
                     step_started_s = time.monotonic()
                     engine.step()
-                    self.stats.decode_s += time.monotonic() - step_started_s
-                    self.stats.decode_steps += 1
-                    self.stats.decode_rows += len(live)
+                    self._count_decode_step(len(live), time.monotonic() - step_started_s)
                     self._stream_new_ids(live)
                     self._answer(engine.finished(self._should_stop))
         except Exception as exc:
@@ -682,6 +677,12 @@ class EmbeddedBackend:
             if was_training:
                 model.train()
             self.stats.generation_s += time.monotonic() - started_s
+
+    def _count_decode_step(self, rows: int, seconds: float) -> None:
+        """Add one decode step of ``rows`` running rows that took ``seconds`` to :attr:`stats`."""
+        self.stats.decode_s += seconds
+        self.stats.decode_steps += 1
+        self.stats.decode_rows += rows
 
     def _end_running_rows(self) -> None:
         """The backend is closing: the running rows get BackendError now instead of running to ``max_tokens``."""
