@@ -317,3 +317,14 @@ def test_span_tree_nests_by_parent_and_labels_what_each_span_is() -> None:
     assert roots[1].label == "exception KeyError: 'x'"
     assert roots[2].label == "reward format = 0.5"
     assert roots[0].to_json()["children"][0]["span_id"] == call.span_id
+
+
+def test_rl_exports_training_rollouts_unless_another_mode_is_asked() -> None:
+    from agentbolt.cli.export import ExportConfig
+
+    rl = ExportConfig(store="x.db", kind="rl", out=Path("r.jsonl"))
+    assert rl.mode == RolloutMode.TRAIN  # val/test rollouts are greedy evaluation runs on held-out tasks
+    assert ExportConfig(store="x.db", kind="rl", out=Path("r.jsonl"), mode="all").mode is None
+    assert ExportConfig(store="x.db", kind="rl", out=Path("r.jsonl"), mode="val").mode == RolloutMode.VAL
+    assert ExportConfig(store="x.db", kind="sft", out=Path("s.jsonl")).mode is None
+    assert ExportConfig(store="x.db", kind="sft", out=Path("s.jsonl"), mode="all").mode is None

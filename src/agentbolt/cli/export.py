@@ -11,8 +11,9 @@ Two kinds of rows:
   columns are built by :func:`agentbolt.adapter.export_rows.rl_rows` (see :mod:`agentbolt.adapter.export_rows`,
   shared with the dashboard's transitions route). By default (``advantages: recorded``) the rollouts a trainer
   recorded come out as the update received them: its advantages, loss masks, sample boundaries and credited rewards
-  (column ``advantage_source`` = ``trained``), whatever settings the run used; the other rollouts (val/test, or a
-  store written before the trainer recorded its batches) are recomputed with ``credit_assignment``,
+  (column ``advantage_source`` = ``trained``), whatever settings the run used; the other rollouts (a store written
+  before the trainer recorded its batches, or val/test rollouts asked for with ``mode``: ``rl`` exports the
+  training rollouts only unless told otherwise) are recomputed with ``credit_assignment``,
   ``advantage_estimator``, ``merge_samples`` and ``agent_match`` (``advantage_source`` = ``recomputed``).
   ``advantages: recomputed`` recomputes every rollout, records or not. :func:`load_rl_samples` reads a file back into
   the :class:`~agentbolt.adapter.samples.TrainingSample` objects the torch trainer consumes.
@@ -29,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 from rich.console import Console
 
 from agentbolt import semconv
@@ -56,7 +57,9 @@ class ExportConfig(BaseModel):
         kind: ``sft`` or ``rl`` rows (module docstring).
         format: ``jsonl`` or ``parquet``.
         out: the file to write (replaced when it exists).
-        mode: only rollouts of this mode; ``None``: all.
+        mode: only rollouts of this mode; ``None``: all. Given as ``all`` it becomes ``None``; not given, it is
+            ``train`` for ``rl`` (validation and test rollouts are greedy evaluation runs on held-out tasks, not
+            training data) and ``None`` for ``sft``.
         resources_id: only rollouts that ran against this resources version.
         min_reward: only rollouts whose final reward is at least this (rollouts without one are left out).
         credit_assignment / advantage_estimator / merge_samples / agent_match: as in
@@ -67,6 +70,17 @@ class ExportConfig(BaseModel):
     """
 
     model_config = ConfigDict(frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_mode(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            mode = data.get("mode")
+            if mode == "all":
+                data = {**data, "mode": None}
+            elif mode is None and data.get("kind") == "rl":
+                data = {**data, "mode": "train"}
+        return data
 
     store: str
     kind: ExportKind
@@ -293,7 +307,10 @@ async def run_export(config: ExportConfig, *, token: str | None = None, console:
     as_json = write_rows(rows, config.out, config.format)
     if console is not None:
         unit = "samples" if config.kind == "rl" else "conversations"
-        console.print(f"wrote {len(rows)} {config.kind} {unit} from {len(finished)} finished rollouts to {config.out}")
+        of_mode = f" {config.mode.value}" if config.mode is not None else ""
+        console.print(
+            f"wrote {len(rows)} {config.kind} {unit} from {len(finished)} finished{of_mode} rollouts to {config.out}"
+        )
         console.print(f"left out: {why}" if skipped else "nothing left out")
         if config.kind == "sft" and config.min_reward is None:
             console.print(_sft_filter_hint(finished, config.mode is not None), markup=False, highlight=False)

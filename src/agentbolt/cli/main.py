@@ -419,7 +419,11 @@ def export(
     ),
     out: Path = typer.Option(..., help="the file to write (replaced if it exists)"),
     format_: str = typer.Option("jsonl", "--format", help="jsonl or parquet (parquet needs pyarrow)"),
-    mode: str | None = typer.Option(None, help="only rollouts of this mode: train, val or test (default: all)"),
+    mode: str | None = typer.Option(
+        None,
+        help="only rollouts of this mode: train, val, test or all (default: train for rl, all for sft; val and test "
+        "rollouts are greedy evaluation runs on held-out tasks)",
+    ),
     resources: str | None = typer.Option(None, help="only rollouts that ran against this resources id (rs-N)"),
     min_reward: float | None = typer.Option(None, help="only rollouts whose final reward is >= this"),
     credit: str = typer.Option("broadcast", help="rl: credit assignment (broadcast, discounted, intermediate)"),

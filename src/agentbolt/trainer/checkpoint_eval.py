@@ -159,7 +159,7 @@ async def _evaluate(
         evaluator.last_train_step = info.step
         progress = JobProgress(console)
         with progress:
-            task_id = progress.add_task(f"eval {info.path.name}", total=n_tasks)
+            task_id = progress.add_task(f"eval {info.path.name}: rollouts", total=n_tasks)
             accuracy = await evaluator.evaluate(
                 sets,
                 on_progress=lambda done, total: progress.update(task_id, completed=done, total=total),
