@@ -173,23 +173,25 @@ def measure_linear_floor(
     }
 
 
-def linear_floor_fields(roof: dict[str, Any], line: dict[str, Any], delta: dict[str, float]) -> dict[str, Any]:
+def linear_floor_fields(roof: dict[str, Any], line: dict[str, Any], delta: dict[str, float] | None) -> dict[str, Any]:
     """A gateway level's ``linear_floor_s`` (:func:`linear_floor_s` of its decode steps and prefilled ids),
     ``linear_floor_tokens_per_s`` (its generated tokens over that) and ``linear_floor_share`` (that over its wall
     time: the part of the level that was matrix products at the probe's speed); and
     ``full_batch_roofline_tokens_per_s``: the level's generated tokens over the time its work would take with every
     decode step full (``concurrency`` rows, :func:`full_batch_floor_s`), what the level could give with no ramp, no
-    drain and nothing but matrix products."""
-    floor = linear_floor_s(roof, int(delta["decode_rows"]), int(delta["decode_steps"]), int(delta["prefill_tokens"]))
+    drain and nothing but matrix products. Every field is ``None`` without ``delta`` (an arm whose stats do not
+    count decode steps and prefilled ids)."""
+    floor = None
+    if delta is not None:
+        floor = linear_floor_s(
+            roof, int(delta["decode_rows"]), int(delta["decode_steps"]), int(delta["prefill_tokens"])
+        )
+    if delta is None or not floor:
+        return dict.fromkeys(
+            ("linear_floor_s", "linear_floor_tokens_per_s", "linear_floor_share", "full_batch_roofline_tokens_per_s")
+        )
     decoded = max(0, int(line["generated_tokens"]) - int(line["requests"]))  # a request's first id: its prefill pass
     full = full_batch_floor_s(roof, int(line["concurrency"]), decoded, int(delta["prefill_tokens"]))
-    if not floor:
-        return {
-            "linear_floor_s": None,
-            "linear_floor_tokens_per_s": None,
-            "linear_floor_share": None,
-            "full_batch_roofline_tokens_per_s": None,
-        }
     return {
         "linear_floor_s": round(floor, 3),
         "linear_floor_tokens_per_s": round(line["generated_tokens"] / floor, 1),

@@ -57,6 +57,7 @@ def test_linear_floor_interpolates_the_step_time_and_adds_prefill(bench: ModuleT
     }
     assert bench.full_batch_floor_s(roof, concurrency=8, decoded_tokens=128, prefill_tokens=100) == pytest.approx(1.032)
     assert bench.full_batch_floor_s(roof, concurrency=12, decoded_tokens=128, prefill_tokens=100) == 0.0
+    assert set(bench.linear_floor_fields(roof, line, None).values()) == {None}  # an arm without step counts
 
 
 def test_linear_probe_covers_every_matrix_of_the_model(bench: ModuleType, smollm2_dir: Path) -> None:
