@@ -1051,6 +1051,11 @@ def print_table(args: argparse.Namespace, lines: list[dict[str, Any]], roof: dic
             f"{_fmt(tps / roofline * 100 if tps and roofline else None, '.1f'):>7}"
             f"{_fmt(tps / llama[c] if tps and llama.get(c) else None, '.2f'):>8}"
         )
+    print(
+        "(tok/s: generated tokens / wall; ttft50/90: seconds to the first token, median / p90; vis50: to the first "
+        "visible text or tool call; tpot50: seconds per output token; batch: mean rows per decode step; %roof: of the "
+        "bandwidth roofline; x llama: over the llamacpp arm)"
+    )
     for c in args.levels:
         print(f"{'roofline':<22}{c:>4}{'':>43}{roof_tps[str(c)]:>9.1f}")
     for c in args.levels:

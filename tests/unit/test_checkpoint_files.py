@@ -77,6 +77,16 @@ def test_a_checkpoint_is_complete_only_with_its_file(tmp_path: Path) -> None:
     assert [info.step for info in list_checkpoints(tmp_path)] == [1]
 
 
+def test_a_missing_checkpoint_is_named_with_the_ones_there(tmp_path: Path) -> None:
+    """Found by a new-user pass: `eval --checkpoint OUT/checkpoints/step-9` said 'not a checkpoint folder'."""
+    for step in (2, 10, 4):
+        _write(tmp_path, step)
+    with pytest.raises(ConfigError, match=r"step-9 does not exist: .*checkpoints: step-2, step-4, step-10$"):
+        read_checkpoint(tmp_path / "checkpoints" / "step-9")
+    with pytest.raises(ConfigError, match=r"nowhere does not exist: give a checkpoint folder, OUT/checkpoints/step-N$"):
+        read_checkpoint(tmp_path / "nowhere")
+
+
 def test_prune_keeps_the_last_and_the_best(tmp_path: Path) -> None:
     for step, val in [(1, None), (2, {"a": 0.9, "b": 0.5}), (3, {"a": 0.5, "b": 0.5}), (4, None), (5, None)]:
         _write(tmp_path, step, val=val)

@@ -328,3 +328,20 @@ def test_rl_exports_training_rollouts_unless_another_mode_is_asked() -> None:
     assert ExportConfig(store="x.db", kind="rl", out=Path("r.jsonl"), mode="val").mode == RolloutMode.VAL
     assert ExportConfig(store="x.db", kind="sft", out=Path("s.jsonl")).mode is None
     assert ExportConfig(store="x.db", kind="sft", out=Path("s.jsonl"), mode="all").mode is None
+
+
+def test_export_format_follows_the_file_name_and_a_mismatch_is_refused(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    from agentbolt.cli.export import ExportConfig
+
+    assert ExportConfig(store="x.db", kind="rl", out=tmp_path / "r.parquet").format == "parquet"
+    assert ExportConfig(store="x.db", kind="rl", out=tmp_path / "r.jsonl").format == "jsonl"
+    assert ExportConfig(store="x.db", kind="rl", out=tmp_path / "r.data").format == "jsonl"
+    assert ExportConfig(store="x.db", kind="rl", out=tmp_path / "r.data", format="parquet").format == "parquet"
+    with pytest.raises(ValidationError, match="names a jsonl file but --format is parquet"):
+        ExportConfig(store="x.db", kind="rl", out=tmp_path / "r.jsonl", format="parquet")
+    with pytest.raises(ValidationError, match="is a folder: give a file name in it"):
+        ExportConfig(store="x.db", kind="rl", out=tmp_path)
+    with pytest.raises(ValidationError, match="--mode should be train, val, test or all, not 'bogus'"):
+        ExportConfig(store="x.db", kind="rl", out=tmp_path / "r.jsonl", mode="bogus")

@@ -138,6 +138,17 @@ def test_an_agent_module_that_fails_to_import_is_named_with_its_cause(
             load_agent("raising_agent_mod:f")
         with pytest.raises(ConfigError, match="cannot import agent module 'absent_agent_mod'.*PYTHONPATH"):
             load_agent("absent_agent_mod:f")
+        # found by a new-user pass: a wrong attribute name was refused with no hint
+        (tmp_path / "named_agent_mod.py").write_text(
+            "from agentbolt import rollout\n\n@rollout\ndef convert(task, llm):\n    return 1.0\n\n"
+            "def helper(x):\n    return x\n"
+        )
+        with pytest.raises(
+            ConfigError,
+            match="no attribute 'nope'; the agents and functions it defines: convert, "
+            "helper; set agent: named_agent_mod:NAME",
+        ):
+            load_agent("named_agent_mod:nope")
     finally:
-        for name in ("dep_agent_mod", "syntax_agent_mod", "raising_agent_mod"):
+        for name in ("dep_agent_mod", "syntax_agent_mod", "raising_agent_mod", "named_agent_mod"):
             sys.modules.pop(name, None)

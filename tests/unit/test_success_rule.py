@@ -30,7 +30,9 @@ from agentbolt.types import RolloutMode, Span
 
 @rollout
 async def graded_agent(task: dict[str, Any]) -> float:
-    """Returns the task's ``reward``; emits it as ``correct`` too when the task says so."""
+    """Returns the task's ``reward``; emits it as ``correct`` too when the task says so; raises when it says so."""
+    if task.get("raise"):
+        raise RuntimeError("the agent failed")
     if task.get("named"):
         emit_reward(task["reward"], name="correct")
     return float(task["reward"])
@@ -126,6 +128,25 @@ def test_rl_evaluation_applies_the_setting_and_reports_a_missing_named_reward(
     assert len(warned) == len(missing)
     if missing:
         assert "a reward named 'correct'" in warned[0]
+
+
+def test_rl_evaluation_says_how_many_rollouts_failed(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Found by a new-user pass: an agent that always raised showed 'before 0.0%' as if the model had been scored."""
+
+    async def scenario() -> dict[str, float]:
+        async with _served_store(tmp_path) as store:
+            trainer = RLTrainer(store, _Backend(), None, GRPOConfig(), gateway_url="http://127.0.0.1:9")
+            failing = [{**task, "raise": True} for task in TASKS[:2]]
+            return await trainer.evaluate({"graded": TASKS[2:], "broken": failing}, label="before")
+
+    with caplog.at_level(logging.WARNING, logger="agentbolt.trainer.loop"):
+        result = asyncio.run(scenario())
+    assert result == {"graded": 0.5, "broken": 0.0}  # 0.7 and 1.0: one correct; failed rollouts count as wrong
+    warned = [r.getMessage() for r in caplog.records if "did not succeed" in r.getMessage()]
+    assert warned == [
+        "evaluation 'before': 2 of 4 validation rollouts did not succeed and count as wrong (broken: 2 of 2); "
+        "`agentbolt rollouts --store STORE --mode val --status failed` lists them with their cause"
+    ]
 
 
 @pytest.mark.parametrize(("named", "missing"), [(True, False), (False, True)])

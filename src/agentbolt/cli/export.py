@@ -42,6 +42,8 @@ from agentbolt.errors import ConfigError
 from agentbolt.types import RolloutMode, RolloutStatus, Span, TrainedSample
 
 ExportKind = Literal["sft", "rl"]
+FORMAT_OF_SUFFIX: dict[str, str] = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
+"""The format a file name's suffix says (``--format`` left out: that one; given: they must agree)."""
 ExportFormat = Literal["jsonl", "parquet"]
 AdvantageChoice = Literal["recorded", "recomputed"]
 
@@ -55,7 +57,8 @@ class ExportConfig(BaseModel):
     Attributes:
         store: the store (see :func:`agentbolt.cli.stores.open_store`).
         kind: ``sft`` or ``rl`` rows (module docstring).
-        format: ``jsonl`` or ``parquet``.
+        format: ``jsonl`` or ``parquet``; left out, the one ``out``'s suffix names (``.parquet``/``.pq``: Parquet,
+            else JSON Lines); a suffix of the other format is refused.
         out: the file to write (replaced when it exists).
         mode: only rollouts of this mode; ``None``: all. Given as ``all`` it becomes ``None``; not given, it is
             ``train`` for ``rl`` (validation and test rollouts are greedy evaluation runs on held-out tasks, not
@@ -73,13 +76,31 @@ class ExportConfig(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _default_mode(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            mode = data.get("mode")
-            if mode == "all":
-                data = {**data, "mode": None}
-            elif mode is None and data.get("kind") == "rl":
-                data = {**data, "mode": "train"}
+    def _defaults_from_kind_and_name(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        mode = data.get("mode")
+        if isinstance(mode, str) and mode not in ("train", "val", "test", "all"):
+            raise ValueError(f"--mode should be train, val, test or all, not {mode!r}")
+        if mode == "all":
+            data["mode"] = None
+        elif mode is None and data.get("kind") == "rl":
+            data["mode"] = "train"
+        out = data.get("out")
+        if out is not None:
+            out = Path(out)
+            if out.is_dir():
+                raise ValueError(f"--out {out} is a folder: give a file name in it, e.g. {out / 'export.jsonl'}")
+            named = FORMAT_OF_SUFFIX.get(out.suffix.lower())
+            if data.get("format") is None:
+                data["format"] = named or "jsonl"
+            elif named is not None and data["format"] in ("jsonl", "parquet") and named != data["format"]:
+                raise ValueError(
+                    f"--out {out.name} names a {named} file but --format is {data['format']}: end the name in "
+                    f".{'parquet' if data['format'] == 'parquet' else 'jsonl'}, or leave --format out to write "
+                    "what the name says"
+                )
         return data
 
     store: str

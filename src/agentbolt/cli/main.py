@@ -418,7 +418,9 @@ def export(
         ..., help="sft: OpenAI chat fine-tuning rows; rl: one row per training sample with exact token ids"
     ),
     out: Path = typer.Option(..., help="the file to write (replaced if it exists)"),
-    format_: str = typer.Option("jsonl", "--format", help="jsonl or parquet (parquet needs pyarrow)"),
+    format_: str | None = typer.Option(
+        None, "--format", help="jsonl or parquet (parquet needs pyarrow); default: what --out's suffix says, else jsonl"
+    ),
     mode: str | None = typer.Option(
         None,
         help="only rollouts of this mode: train, val, test or all (default: train for rl, all for sft; val and test "

@@ -30,14 +30,13 @@ TASK_LABEL_CHARS = 200
 
 
 def task_label(task: Any) -> str:
-    """A one-line name for a rollout's task (its ``input``): the first of :data:`TASK_KEYS` a dict has, else its
-    first string value, else the task as compact JSON; whitespace runs made one space, cut to
-    :data:`TASK_LABEL_CHARS` characters (``...`` at the end when cut)."""
+    """A one-line name for a rollout's task (its ``input``): the first of :data:`TASK_KEYS` a dict has, else the
+    task as compact JSON (a dict's first string field alone, e.g. a unit, would make different tasks look the
+    same); whitespace runs made one space, cut to :data:`TASK_LABEL_CHARS` characters (``...`` at the end when
+    cut)."""
     value: Any = task
     if isinstance(task, dict):
         value = next((task[k] for k in TASK_KEYS if isinstance(task.get(k), str) and task[k].strip()), None)
-        if value is None:
-            value = next((v for v in task.values() if isinstance(v, str) and v.strip()), None)
         if value is None:
             value = task
     if not isinstance(value, str):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import inspect
 import logging
 import multiprocessing as mp
 import os
@@ -60,7 +61,25 @@ def load_agent(reference: str) -> LitAgent:
         ) from exc
     obj = getattr(module, attr, None)
     if obj is None:
-        raise ConfigError(f"module {module_name!r} has no attribute {attr!r}")
+        agents = [
+            name
+            for name, value in vars(module).items()
+            if not name.startswith("_")
+            and (
+                isinstance(value, LitAgent)  # a @rollout function
+                or (isinstance(value, type) and issubclass(value, LitAgent) and value.__module__ == module_name)
+                or (inspect.isfunction(value) and value.__module__ == module_name)
+            )
+        ]
+        found = (
+            f"the agents and functions it defines: {', '.join(sorted(agents))}"
+            if agents
+            else "it defines no function, @rollout function or LitAgent"
+        )
+        raise ConfigError(
+            f"module {module_name!r} ({getattr(module, '__file__', None) or 'no file'}) has no attribute {attr!r}; "
+            f"{found}; set agent: {module_name}:NAME"
+        )
     if isinstance(obj, type) and issubclass(obj, LitAgent):
         obj = obj()
     if isinstance(obj, LitAgent):

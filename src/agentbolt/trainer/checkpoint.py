@@ -137,7 +137,17 @@ def read_checkpoint(path: Path | str) -> CheckpointInfo:
     """
     folder = Path(path)
     if not folder.is_dir():
-        raise ConfigError(f"{folder} is not a checkpoint folder; give OUT/checkpoints/step-N")
+        what = "is not a folder" if folder.exists() else "does not exist"
+        steps = (
+            sorted(
+                (p.name for p in folder.parent.glob("step-*") if (p / CHECKPOINT_FILE).is_file()),
+                key=lambda name: (len(name), name),  # step-2 before step-10
+            )
+            if folder.parent.is_dir()
+            else []
+        )
+        there = f"; the checkpoints in {folder.parent}: {', '.join(steps)}" if steps else ""
+        raise ConfigError(f"{folder} {what}: give a checkpoint folder, OUT/checkpoints/step-N{there}")
     meta_file = folder / CHECKPOINT_FILE
     if not meta_file.is_file():
         raise ConfigError(

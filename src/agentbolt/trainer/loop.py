@@ -469,7 +469,8 @@ class RLTrainer:
         Also stores each as metric ``val_accuracy/<set name>`` at ``train_step`` = the last finished step (0 before
         the first). When ``accuracy_reward_name`` is set and not one of the evaluation's rollouts recorded a reward
         of that name (every rollout was then scored by its final reward), a warning says so and ``label`` is added
-        to :attr:`accuracy_reward_missing`.
+        to :attr:`accuracy_reward_missing`. Rollouts that did not succeed count as wrong, and a warning says how many
+        per set (an accuracy of 0% from an agent that raises is not a score of the model).
         """
         resources_id = await self.publish_resources(temperature=self.config.eval_temperature, purpose=label)
         flat = [(name, task) for name, tasks in val_sets.items() for task in tasks]
@@ -482,11 +483,23 @@ class RLTrainer:
             on_enqueued=on_enqueued,
         )
         by_set: dict[str, list[float]] = {name: [] for name in val_sets}
+        failed: dict[str, int] = {}
         any_named = False
         for (name, _), rollout in zip(flat, rollouts, strict=True):
             score, named = await self._score(rollout)
             by_set[name].append(score)
             any_named = any_named or named
+            if rollout.status is not RolloutStatus.SUCCEEDED:
+                failed[name] = failed.get(name, 0) + 1
+        if failed:
+            logger.warning(
+                "evaluation %r: %d of %d validation rollouts did not succeed and count as wrong (%s); "
+                "`agentbolt rollouts --store STORE --mode val --status failed` lists them with their cause",
+                label,
+                sum(failed.values()),
+                len(rollouts),
+                ", ".join(f"{name}: {n} of {len(by_set[name])}" for name, n in failed.items()),
+            )
         if rollouts and not any_named:
             self.accuracy_reward_missing.append(label)
             logger.warning(
