@@ -401,6 +401,12 @@ async def _run_job(
                     if val_sets and config.eval_before and not job["eval_before_done"]:
                         # The first step's rollouts run alongside it (same weights; the first update waits for it),
                         # queued after its own, so the runners and the running batch stay full through its tail.
+                        progress.console.print(
+                            "evaluating before training, alongside step 1's rollouts (the same weights; the first "
+                            "update waits for it)",
+                            markup=False,
+                            highlight=False,
+                        )
                         eval_before = asyncio.create_task(run_eval_before(t_train))
                         queued = asyncio.create_task(enqueued.wait())
                         await asyncio.wait({eval_before, queued}, return_when=asyncio.FIRST_COMPLETED)
