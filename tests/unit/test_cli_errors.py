@@ -86,5 +86,8 @@ def test_a_bad_option_value_is_named_by_its_option(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "--kind: Input should be 'sft' or 'rl'" in result.output, result.output
     result = CliRunner().invoke(app, ["export", "--store", store, "--kind", "rl", "--format", "xml", "--out", out])
     assert result.exit_code == 2 and "--format: Input should be 'jsonl' or 'parquet'" in result.output
+    result = CliRunner().invoke(app, ["export", "--store", store, "--kind", "rl", "--out", f"{tmp_path}/new/"])
+    assert result.exit_code == 2 and "ends in a path separator: give a file name" in result.output, result.output
+    assert not (tmp_path / "new").exists()  # found by a new-user pass: it wrote a file named "new"
     result = CliRunner().invoke(app, ["demo", "--group-size", "0", "--out", str(tmp_path / "d")])
     assert result.exit_code == 2 and "--group-size: Input should be greater than or equal to 1" in result.output

@@ -411,13 +411,22 @@ EXPORT_OPTIONS = {
 """The ``export`` options whose ExportConfig field has another name (the others are ``--field-name``)."""
 
 
+def _file_option(value: str, option: str) -> Path:
+    """``value`` as a file path; one that ends in a path separator (a folder, meant or not) is refused."""
+    from agentbolt.errors import ConfigError
+
+    if value.endswith(("/", os.sep)):
+        raise ConfigError(f"{option} {value} ends in a path separator: give a file name, e.g. {value}export.jsonl")
+    return Path(value)
+
+
 @app.command()
 def export(
     store: str = typer.Option(..., help=STORE_HELP),
     kind: str = typer.Option(
         ..., help="sft: OpenAI chat fine-tuning rows; rl: one row per training sample with exact token ids"
     ),
-    out: Path = typer.Option(..., help="the file to write (replaced if it exists)"),
+    out: str = typer.Option(..., help="the file to write (replaced if it exists)"),
     format_: str | None = typer.Option(
         None, "--format", help="jsonl or parquet (parquet needs pyarrow); default: what --out's suffix says, else jsonl"
     ),
@@ -442,7 +451,7 @@ def export(
             store=store,
             kind=kind,  # type: ignore[arg-type]  # validated by the config
             format=format_,  # type: ignore[arg-type]
-            out=out,
+            out=_file_option(out, "--out"),
             mode=mode,  # type: ignore[arg-type]
             resources_id=resources,
             min_reward=min_reward,
