@@ -181,11 +181,11 @@ def linear_floor_fields(roof: dict[str, Any], line: dict[str, Any], delta: dict[
     decode step full (``concurrency`` rows, :func:`full_batch_floor_s`), what the level could give with no ramp, no
     drain and nothing but matrix products. Every field is ``None`` without ``delta`` (an arm whose stats do not
     count decode steps and prefilled ids)."""
-    floor = None
-    if delta is not None:
-        floor = linear_floor_s(
-            roof, int(delta["decode_rows"]), int(delta["decode_steps"]), int(delta["prefill_tokens"])
-        )
+    floor = (
+        None
+        if delta is None
+        else linear_floor_s(roof, int(delta["decode_rows"]), int(delta["decode_steps"]), int(delta["prefill_tokens"]))
+    )
     if delta is None or not floor:
         return dict.fromkeys(
             ("linear_floor_s", "linear_floor_tokens_per_s", "linear_floor_share", "full_batch_roofline_tokens_per_s")

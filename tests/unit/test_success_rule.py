@@ -145,7 +145,7 @@ def test_rl_evaluation_says_how_many_rollouts_failed(tmp_path: Path, caplog: pyt
     warned = [r.getMessage() for r in caplog.records if "did not succeed" in r.getMessage()]
     assert warned == [
         "evaluation 'before': 2 of 4 validation rollouts did not succeed and count as wrong (broken: 2 of 2); "
-        "`agentbolt rollouts --store STORE --mode val --status failed` lists them with their cause"
+        "`agentbolt rollouts --store STORE --mode val --status failed,cancelled` lists them with their cause"
     ]
 
 

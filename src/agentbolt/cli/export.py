@@ -28,7 +28,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, model_validator
 from rich.console import Console
@@ -81,25 +81,28 @@ class ExportConfig(BaseModel):
             return data
         data = dict(data)
         mode = data.get("mode")
-        if isinstance(mode, str) and mode not in ("train", "val", "test", "all"):
-            raise ValueError(f"--mode should be train, val, test or all, not {mode!r}")
+        modes = [m.value for m in RolloutMode]
+        if isinstance(mode, str) and mode not in (*modes, "all"):
+            raise ValueError(f"--mode should be {', '.join(modes)} or all, not {mode!r}")
         if mode == "all":
             data["mode"] = None
         elif mode is None and data.get("kind") == "rl":
-            data["mode"] = "train"
+            data["mode"] = RolloutMode.TRAIN
         out = data.get("out")
+        if isinstance(out, str) and out.endswith(("/", os.sep)):
+            raise ValueError(f"--out {out} ends in a path separator: give a file name, e.g. {out}export.jsonl")
         if out is not None:
             out = Path(out)
             if out.is_dir():
                 raise ValueError(f"--out {out} is a folder: give a file name in it, e.g. {out / 'export.jsonl'}")
             named = FORMAT_OF_SUFFIX.get(out.suffix.lower())
-            if data.get("format") is None:
+            chosen = data.get("format")
+            if chosen is None:
                 data["format"] = named or "jsonl"
-            elif named is not None and data["format"] in ("jsonl", "parquet") and named != data["format"]:
+            elif named is not None and chosen in get_args(ExportFormat) and named != chosen:
                 raise ValueError(
-                    f"--out {out.name} names a {named} file but --format is {data['format']}: end the name in "
-                    f".{'parquet' if data['format'] == 'parquet' else 'jsonl'}, or leave --format out to write "
-                    "what the name says"
+                    f"--out {out.name} names a {named} file but --format is {chosen}: end the name in .{chosen}, "
+                    "or leave --format out to write what the name says"
                 )
         return data
 

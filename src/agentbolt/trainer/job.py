@@ -261,7 +261,7 @@ async def _run_job(
     progress = JobProgress(console)
 
     def tracker(description: str, total: int) -> Callable[[int, int], None]:
-        task_id = progress.add_task(description, total=total)
+        task_id = progress.add_task(f"{description}: rollouts", total=total)  # what done/total counts
 
         def update(done: int, all_: int) -> None:
             progress.update(task_id, completed=done, total=all_)
@@ -356,7 +356,7 @@ async def _run_job(
             return accuracy
 
         async def evaluate_at(step: int) -> dict[str, float]:
-            accuracy = await evaluate(f"eval step {step}: rollouts", f"step-{step}")
+            accuracy = await evaluate(f"eval step {step}", f"step-{step}")
             job.setdefault("val_during", {})[str(step)] = accuracy
             return accuracy
 
@@ -392,7 +392,7 @@ async def _run_job(
                 enqueued = asyncio.Event()
 
                 async def run_eval_before(t0: float) -> None:
-                    job["val_before"] = await evaluate("eval before: rollouts", "before", on_enqueued=enqueued.set)
+                    job["val_before"] = await evaluate("eval before", "before", on_enqueued=enqueued.set)
                     job["eval_before_done"] = True
                     timing["eval_before"] = time.perf_counter() - t0
 
@@ -414,7 +414,7 @@ async def _run_job(
                     results = await trainer.train(
                         train_tasks,
                         first_step=first_step,
-                        on_step_start=lambda step, total: tracker(f"step {step}: rollouts", total),
+                        on_step_start=lambda step, total: tracker(f"step {step}", total),
                         on_step_end=record,
                         after_step=after_step,
                         keep_going=lambda step: (
@@ -439,7 +439,7 @@ async def _run_job(
                     last = resume_info.path  # every step was done before the stop: only the evaluation is left
                 if val_sets and config.eval_after and "val_after" not in job and not watch.failed:
                     t1 = time.perf_counter()
-                    job["val_after"] = await evaluate("eval after: rollouts", "after")
+                    job["val_after"] = await evaluate("eval after", "after")
                     timing["eval_after"] = time.perf_counter() - t1
                 if last is not None:
                     await checkpointer.finish(last, val_accuracy=job.get("val_after"))

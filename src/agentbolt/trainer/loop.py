@@ -494,7 +494,7 @@ class RLTrainer:
         if failed:
             logger.warning(
                 "evaluation %r: %d of %d validation rollouts did not succeed and count as wrong (%s); "
-                "`agentbolt rollouts --store STORE --mode val --status failed` lists them with their cause",
+                "`agentbolt rollouts --store STORE --mode val --status failed,cancelled` lists them with their cause",
                 label,
                 sum(failed.values()),
                 len(rollouts),
